@@ -1,0 +1,33 @@
+# make run: serve the hooks locally (no cluster needed). make test: lint, types, the whole suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HELM_VERSION := v3.22.0
+
+.PHONY: run test lint tools clean
+
+$(BIN)/gpuclass-hooks: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+run: $(BIN)/gpuclass-hooks
+	$(BIN)/gpuclass-hooks serve --bind 127.0.0.1:8080
+
+# helm renders the chart in the tests; it is built from source with Go into the virtualenv.
+$(BIN)/helm: | $(BIN)/gpuclass-hooks
+	GOBIN=$(abspath $(BIN)) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+tools: $(BIN)/helm
+
+lint: $(BIN)/gpuclass-hooks
+	$(BIN)/ruff check hooks tests
+	$(BIN)/ruff format --check hooks tests
+	$(BIN)/mypy
+
+test: lint tools
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""One module per Metacontroller controller: decoded request -> rules -> exact response."""

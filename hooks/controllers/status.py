@@ -1,0 +1,188 @@
+"""CompositeController `gpuclass-status`: the whole status of one GPUClass.
+
+Applies, in order: spec validation, the resource-name conflict (oldest class wins), capacity over
+eligible nodes, KubeVirt's permission, advertisement, the license conditions, and Ready; then
+settles the conditions against the current status so that the answer is idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from hooks.rules.capacity import Capacity, InvalidObject, compute_capacity
+from hooks.rules.classes import ClassIdentity, older_class_with_resource
+from hooks.rules.conditions import (
+    RESOURCE_NAME_NOT_PERMITTED,
+    Verdict,
+    advertised_condition,
+    conflict_condition,
+    invalid_spec_condition,
+    ready_condition,
+    settle,
+)
+from hooks.rules.permission import KubeVirtUnreadable, KubeVirtView, permission_condition
+from hooks.settings import Settings
+from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
+from hooks.wire.kube import Condition, GPUClass, Node, Pod
+from hooks.wire.metacontroller import (
+    GPUCLASSES,
+    NODES,
+    PODS,
+    ClassStatus,
+    CompositeSyncRequest,
+    CompositeSyncResponse,
+    CustomizeRequest,
+    CustomizeResponse,
+    DecodedGroup,
+    RelatedRule,
+    decode_gpuclass,
+    decode_group,
+)
+
+KUBEVIRT_RETRY_SECONDS = 10.0
+STALE_RULES_RETRY_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class StatusOutcome:
+    """The response, and what the route logs and records as metrics."""
+
+    response: CompositeSyncResponse
+    class_name: str
+    resource: str | None = None
+    capacity: Capacity | None = None  # None when the class exports no capacity (conflict, ...)
+    outcome: str = "ok"
+    invalid: tuple[InvalidObject, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def customize(request: CustomizeRequest, settings: Settings) -> CustomizeResponse:
+    """Nodes and Pods (with the configured selectors) and every GPUClass. With GPU features off,
+    no Nodes or Pods: the sync then only clears the status."""
+    decode_gpuclass(request.parent, "parent")
+    rules = [RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses")]
+    if settings.enabled:
+        rules = [
+            RelatedRule(
+                api_version="v1", resource="nodes", label_selector=settings.node_label_selector
+            ),
+            RelatedRule(
+                api_version="v1", resource="pods", label_selector=settings.pod_label_selector
+            ),
+            *rules,
+        ]
+    return CustomizeResponse(related_resources=rules)
+
+
+def class_identity(gpuclass: GPUClass) -> ClassIdentity:
+    """How a class takes part in the ordering; an invalid spec competes for nothing."""
+    try:
+        resource: str | None = parse_spec(gpuclass.spec).resource_name
+    except InvalidSpecError:
+        resource = None
+    metadata = gpuclass.metadata
+    return ClassIdentity(
+        name=metadata.name,
+        created=metadata.creation_timestamp,
+        deleting=metadata.deletion_timestamp is not None,
+        resource_name=resource,
+    )
+
+
+def _group_invalid(kind: str, group: DecodedGroup) -> list[InvalidObject]:
+    return [InvalidObject(kind, key, "does not decode") for key in group.invalid]
+
+
+def sync(
+    request: CompositeSyncRequest,
+    settings: Settings,
+    read_kubevirt: Callable[[], KubeVirtView],
+    now: datetime,
+) -> StatusOutcome:
+    parent = decode_gpuclass(request.parent, "parent")
+    name = parent.metadata.name
+    if not settings.enabled:
+        return StatusOutcome(
+            CompositeSyncResponse(status={}, children=[]), name, outcome="disabled"
+        )
+
+    generation = parent.metadata.generation
+    previous_status = parse_status(parent.status)
+    previous = tuple(previous_status.conditions) if previous_status else ()
+
+    try:
+        spec = parse_spec(parent.spec)
+    except InvalidSpecError as error:
+        conditions = settle([invalid_spec_condition(str(error))], previous, generation, now)
+        status = ClassStatus(free=0, max_free_per_node=0, conditions=conditions)
+        return StatusOutcome(
+            CompositeSyncResponse(status=status, children=[]),
+            name,
+            outcome="invalid_spec",
+            conditions=tuple(conditions),
+        )
+
+    nodes = decode_group(request.related, NODES, Node)
+    pods = decode_group(request.related, PODS, Pod)
+    classes = decode_group(request.related, GPUCLASSES, GPUClass)
+    if nodes is None or pods is None or classes is None:
+        # Metacontroller sends every group it was asked for: a missing one means its cached
+        # customize answer differs from ours. Keep what the status says until it catches up.
+        kept: msgspec.Raw | dict[str, Any] = parent.status if previous_status is not None else {}
+        return StatusOutcome(
+            CompositeSyncResponse(
+                status=kept, children=[], resync_after_seconds=STALE_RULES_RETRY_SECONDS
+            ),
+            name,
+            resource=spec.resource_name,
+            outcome="stale_related",
+        )
+
+    resource = spec.resource_name
+    invalid = [
+        *_group_invalid("Node", nodes),
+        *_group_invalid("Pod", pods),
+        *_group_invalid("GPUClass", classes),
+    ]
+    identity = class_identity(parent)
+    older = older_class_with_resource(identity, (class_identity(c) for c in classes.objects))
+    capacity = compute_capacity(nodes.objects, pods.objects, resource, spec.tolerations)
+    invalid.extend(capacity.invalid)
+
+    view = read_kubevirt()
+    previous_permission = next((c for c in previous if c.type == RESOURCE_NAME_NOT_PERMITTED), None)
+    decided: list[Verdict | Condition] = [
+        conflict_condition(resource, older.name if older else None),
+        permission_condition(resource, view, previous_permission, generation),
+        advertised_condition(resource, capacity.advertised),
+    ]
+    decided.append(ready_condition(decided))
+    conditions = settle(decided, previous, generation, now)
+
+    conflicting = older is not None
+    status = ClassStatus(
+        free=0 if conflicting else capacity.free,
+        max_free_per_node=0 if conflicting else capacity.max_free_per_node,
+        conditions=conditions,
+    )
+    retry = KUBEVIRT_RETRY_SECONDS if isinstance(view, KubeVirtUnreadable) else None
+    return StatusOutcome(
+        CompositeSyncResponse(status=status, children=[], resync_after_seconds=retry),
+        name,
+        resource=resource,
+        capacity=None if conflicting else capacity,
+        outcome="kubevirt_unreadable" if retry else "ok",
+        invalid=tuple(invalid),
+        conditions=tuple(conditions),
+        counts={
+            "nodes": len(nodes.objects),
+            "eligible_nodes": len(capacity.eligible_nodes),
+            "counted_pods": capacity.counted_pods,
+        },
+    )

@@ -1,0 +1,127 @@
+"""Conditions of a GPUClass: their fixed order, Ready, and stable transition times.
+
+The hook is stateless, so the status must be idempotent: fed its own output as the parent's
+status, it returns the same status. That is what lets the classes, which are each other's related
+objects, settle instead of re-syncing one another forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from hooks.wire.kube import Condition
+
+RESOURCE_NAME_CONFLICT = "ResourceNameConflict"
+RESOURCE_NAME_NOT_PERMITTED = "ResourceNameNotPermitted"
+RESOURCE_NOT_ADVERTISED = "ResourceNotAdvertised"
+LICENSE_SECRET_MISSING = "LicenseSecretMissing"
+LICENSE_COPY_CONFLICT = "LicenseCopyConflict"
+READY = "Ready"
+
+ORDER = (
+    RESOURCE_NAME_CONFLICT,
+    RESOURCE_NAME_NOT_PERMITTED,
+    RESOURCE_NOT_ADVERTISED,
+    LICENSE_SECRET_MISSING,
+    LICENSE_COPY_CONFLICT,
+    READY,
+)
+# The conditions that make a class unable to serve VMs, in the order Ready reports them.
+# LicenseCopyConflict is absent on purpose: it concerns single namespaces, not the class.
+READY_BLOCKERS = (
+    RESOURCE_NAME_CONFLICT,
+    RESOURCE_NAME_NOT_PERMITTED,
+    RESOURCE_NOT_ADVERTISED,
+    LICENSE_SECRET_MISSING,
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A condition as a rule decides it, before it gets its time and generation."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+def rfc3339(now: datetime) -> str:
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def conflict_condition(resource: str, older_class: str | None) -> Verdict:
+    if older_class is None:
+        return Verdict(
+            RESOURCE_NAME_CONFLICT, "False", "NoConflict", f"no older class has {resource}"
+        )
+    return Verdict(
+        RESOURCE_NAME_CONFLICT,
+        "True",
+        "OlderClassHasResource",
+        f"class {older_class} is older and has the same resourceName {resource}",
+    )
+
+
+def advertised_condition(resource: str, advertised: bool) -> Verdict:
+    if advertised:
+        return Verdict(
+            RESOURCE_NOT_ADVERTISED, "False", "Advertised", f"nodes advertise {resource}"
+        )
+    return Verdict(
+        RESOURCE_NOT_ADVERTISED,
+        "True",
+        "NoNodeAdvertises",
+        f"no node lists {resource} in status.capacity",
+    )
+
+
+def ready_condition(conditions: Iterable[Verdict | Condition]) -> Verdict:
+    """Ready: False with the first failing blocker, Unknown when only KubeVirt is unknown."""
+    by_type = {c.type: c for c in conditions}
+    for blocker in READY_BLOCKERS:
+        failing = by_type.get(blocker)
+        if failing is not None and failing.status == "True":
+            return Verdict(READY, "False", blocker, failing.message)
+    permission = by_type.get(RESOURCE_NAME_NOT_PERMITTED)
+    if permission is not None and permission.status == "Unknown":
+        return Verdict(READY, "Unknown", "KubeVirtUnreadable", permission.message)
+    return Verdict(READY, "True", READY, "the class can serve VMs")
+
+
+def invalid_spec_condition(message: str) -> Verdict:
+    return Verdict(READY, "False", "InvalidSpec", message)
+
+
+def settle(
+    decided: Iterable[Verdict | Condition],
+    previous: Sequence[Condition],
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """Conditions in the fixed order. A condition whose status did not change keeps its
+    lastTransitionTime verbatim; a kept Condition passes through untouched."""
+    previous_by_type = {c.type: c for c in previous}
+    rank = {kind: index for index, kind in enumerate(ORDER)}
+    settled: list[Condition] = []
+    for item in sorted(decided, key=lambda c: rank.get(c.type, len(ORDER))):
+        if isinstance(item, Condition):
+            settled.append(item)
+            continue
+        before = previous_by_type.get(item.type)
+        unchanged = before is not None and before.status == item.status
+        settled.append(
+            Condition(
+                type=item.type,
+                status=item.status,
+                reason=item.reason,
+                message=item.message,
+                last_transition_time=before.last_transition_time
+                if before is not None and unchanged
+                else rfc3339(now),
+                observed_generation=generation,
+            )
+        )
+    return settled

@@ -1,0 +1,82 @@
+"""Label selectors in kubectl syntax (`a=b,c!=d,e in (x,y),f,!g`), and how they match labels."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from hooks.wire.metacontroller import LabelSelector, Requirement
+
+_KEY = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?/)?[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
+_VALUE = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?)?"
+_TERM = re.compile(
+    rf"\s*(?:(?P<not>!)\s*(?P<absent>{_KEY})"
+    rf"|(?P<setkey>{_KEY})\s+(?P<setop>in|notin)\s*\((?P<values>[^()]*)\)"
+    rf"|(?P<eqkey>{_KEY})\s*(?P<eqop>==|=|!=)\s*(?P<value>{_VALUE})"
+    rf"|(?P<exists>{_KEY}))\s*(?:,|$)"
+)
+
+
+class SelectorError(ValueError):
+    pass
+
+
+def parse_selector(text: str) -> LabelSelector | None:
+    """The LabelSelector for a kubectl-syntax selector; None for an empty one (everything)."""
+    text = text.strip()
+    if not text:
+        return None
+    match_labels: dict[str, str] = {}
+    expressions: list[Requirement] = []
+    position = 0
+    while position < len(text):
+        match = _TERM.match(text, position)
+        if match is None or match.end() == position:
+            raise SelectorError(f"cannot parse selector at {text[position:]!r}")
+        position = match.end()
+        if match["absent"]:
+            expressions.append(Requirement(key=match["absent"], operator="DoesNotExist"))
+        elif match["setkey"]:
+            values = sorted({v.strip() for v in match["values"].split(",") if v.strip()})
+            if not values or any(not re.fullmatch(_VALUE, v) for v in values):
+                raise SelectorError(f"invalid values for {match['setkey']}")
+            operator = "In" if match["setop"] == "in" else "NotIn"
+            expressions.append(Requirement(key=match["setkey"], operator=operator, values=values))
+        elif match["eqkey"]:
+            key, value = match["eqkey"], match["value"]
+            if match["eqop"] == "!=":
+                expressions.append(Requirement(key=key, operator="NotIn", values=[value]))
+            elif match_labels.get(key, value) != value:
+                raise SelectorError(f"{key} is required to equal two values")
+            else:
+                match_labels[key] = value
+        else:
+            expressions.append(Requirement(key=match["exists"], operator="Exists"))
+        if text[position - 1 : position] == "," and position == len(text):
+            raise SelectorError("selector ends with a comma")
+    return LabelSelector(match_labels=match_labels or None, match_expressions=expressions or None)
+
+
+def requirement_matches(requirement: Requirement, labels: Mapping[str, str]) -> bool:
+    present = requirement.key in labels
+    values = requirement.values or []
+    match requirement.operator:
+        case "In":
+            return present and labels[requirement.key] in values
+        case "NotIn":
+            return not present or labels[requirement.key] not in values
+        case "Exists":
+            return present
+        case "DoesNotExist":
+            return not present
+    raise SelectorError(f"unknown operator {requirement.operator}")
+
+
+def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """Kubernetes semantics; no selector selects everything (as Metacontroller treats it)."""
+    if selector is None:
+        return True
+    for key, value in (selector.match_labels or {}).items():
+        if labels.get(key) != value:
+            return False
+    return all(requirement_matches(r, labels) for r in selector.match_expressions or [])

@@ -1,0 +1,1 @@
+"""What crosses the network, decoded from bytes: only the fields the rules read."""

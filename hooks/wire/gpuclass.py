@@ -1,0 +1,126 @@
+"""The GPUClass spec: written by people, so validated with pydantic and readable messages.
+
+The CRD validates the same shape at admission; the hook validates again because Metacontroller
+may hand it objects written before a CRD upgrade, and a hook must never trust its input.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+import msgspec
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hooks.wire.kube import GPUClassStatus, is_absent
+
+DEFAULT_TOKEN_KEY = "client_configuration_token.tok"
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_RESOURCE_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+class Toleration(_Spec):
+    """A core/v1 Toleration; `tolerationSeconds` is accepted and plays no part."""
+
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+
+    @model_validator(mode="after")
+    def _empty_key_needs_exists(self) -> Toleration:
+        if self.key == "" and self.operator not in ("Exists",):
+            raise ValueError("a toleration with an empty key requires operator Exists")
+        return self
+
+
+class SecretRef(_Spec):
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    namespace: str | None = None
+    key: str = DEFAULT_TOKEN_KEY
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_dns_label(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) > 63 or not _DNS_LABEL.match(value)):
+            raise ValueError("must be a DNS-1123 label")
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key_is_secret_key(cls, value: str) -> str:
+        if not value or len(value) > 253 or not _SECRET_KEY.match(value):
+            raise ValueError("must be a valid Secret data key")
+        return value
+
+
+class License(_Spec):
+    secret_ref: SecretRef = Field(alias="secretRef")
+    feature_type: Literal[1, 2, 4] = Field(default=1, alias="featureType")
+
+
+class ClassSpec(_Spec):
+    resource_name: str = Field(alias="resourceName")
+    display_name: str | None = Field(default=None, alias="displayName")
+    description: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
+    license: License | None = None
+
+    @field_validator("resource_name")
+    @classmethod
+    def _is_extended_resource_name(cls, value: str) -> str:
+        return check_resource_name(value)
+
+
+def check_resource_name(value: str) -> str:
+    """The class's resource must be an extended resource name, used literally (never normalised)."""
+    domain, slash, name = value.partition("/")
+    if not slash or not domain or not name:
+        raise ValueError("must look like <domain>/<name>")
+    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+        raise ValueError("domain must be a DNS subdomain")
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ValueError("must not be in the kubernetes.io domain")
+    if len(name) > 63 or not _RESOURCE_NAME_PART.match(name):
+        raise ValueError("name after the domain must be a qualified name of at most 63 characters")
+    if value.startswith("requests."):
+        raise ValueError("must not start with requests.")
+    return value
+
+
+class InvalidSpecError(ValueError):
+    """The spec cannot be used; the message names the field, never the value."""
+
+
+def parse_spec(raw: msgspec.Raw) -> ClassSpec:
+    """Validate a raw class spec; raise InvalidSpecError with a message naming the field."""
+    if is_absent(raw):
+        raise InvalidSpecError("spec: missing")
+    try:
+        return ClassSpec.model_validate_json(bytes(raw))
+    except pydantic.ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        location = "spec" + "".join(
+            f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]
+        )
+        message = first["msg"].removeprefix("Value error, ")
+        raise InvalidSpecError(f"{location}: {message}") from None
+
+
+def parse_status(raw: msgspec.Raw) -> GPUClassStatus | None:
+    """The class's current status, or None when it is absent or unreadable (treated as empty)."""
+    if is_absent(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw, type=GPUClassStatus)
+    except msgspec.DecodeError:
+        return None

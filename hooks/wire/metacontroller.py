@@ -1,0 +1,156 @@
+"""Metacontroller's hook envelopes (v2): requests decoded from bytes, responses exact.
+
+Responses are Structs so that no unknown key can ever reach Metacontroller, whose v2 strict mode
+fails a sync on one. Fields that would be empty are omitted, never sent empty: `names: []` means
+"every object" to Metacontroller, and `labelSelector: {}` next to `names` fails the sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import msgspec
+
+from hooks.wire.kube import Condition, GPUClass, is_absent
+
+GPUCLASS_API_VERSION = "cozystack.io/v1alpha1"
+GPUCLASS_KIND = "GPUClass"
+
+# Group keys of `related`, `children` and `attachments` maps: Kind.version for core kinds.
+NODES = "Node.v1"
+PODS = "Pod.v1"
+NAMESPACES = "Namespace.v1"
+SECRETS = "Secret.v1"
+GPUCLASSES = f"{GPUCLASS_KIND}.{GPUCLASS_API_VERSION}"
+
+RawGroups = dict[str, dict[str, msgspec.Raw]]
+
+
+class BadRequest(ValueError):
+    """The envelope itself is unusable: answered 400, nothing is written."""
+
+
+class _Envelope(msgspec.Struct, kw_only=True, rename="camel"):
+    pass
+
+
+class CustomizeRequest(_Envelope):
+    parent: msgspec.Raw = msgspec.Raw()
+
+
+class CompositeSyncRequest(_Envelope):
+    parent: msgspec.Raw = msgspec.Raw()
+    related: RawGroups = {}
+    finalizing: bool = False
+
+
+class DecoratorSyncRequest(_Envelope):
+    object: msgspec.Raw = msgspec.Raw()
+    attachments: RawGroups | None = None
+    related: RawGroups | None = None
+    finalizing: bool = False
+
+
+class Requirement(_Envelope, omit_defaults=True):
+    key: str
+    operator: str
+    values: list[str] | None = None
+
+
+class LabelSelector(_Envelope, omit_defaults=True):
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[Requirement] | None = None
+
+
+class RelatedRule(_Envelope, omit_defaults=True):
+    api_version: str
+    resource: str
+    label_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    namespace: str | None = None
+    names: list[str] | None = None
+
+
+class CustomizeResponse(_Envelope):
+    related_resources: list[RelatedRule]
+
+
+class ClassStatus(_Envelope):
+    free: int
+    max_free_per_node: int
+    conditions: list[Condition]
+
+
+class CompositeSyncResponse(_Envelope, omit_defaults=True):
+    # `status` replaces the parent's whole status; `{}` clears it. A Raw is the previous status
+    # kept verbatim. `children` has no default so it is always sent: missing means "delete all".
+    status: ClassStatus | dict[str, Any] | msgspec.Raw
+    children: list[Any]
+    resync_after_seconds: float | None = None
+
+
+class DecoratorSyncResponse(_Envelope, omit_defaults=True):
+    # `status` has no default so it is always sent as null: null leaves the status alone.
+    attachments: list[Any]
+    status: None
+    resync_after_seconds: float | None = None
+
+
+_ENCODER = msgspec.json.Encoder()
+T = TypeVar("T")
+
+
+def encode(response: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(response)
+
+
+def decode_envelope(body: bytes, envelope: type[T]) -> T:
+    """Decode the envelope only; related objects stay raw until each is decoded on its own."""
+    try:
+        return msgspec.json.decode(body, type=envelope)
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"invalid request envelope: {error}") from None
+    except msgspec.DecodeError:
+        raise BadRequest("request body is not valid JSON") from None
+
+
+def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
+    """The parent (or decorator target): it must be a GPUClass with a name."""
+    if is_absent(raw):
+        raise BadRequest(f"request has no {field}")
+    try:
+        parent = msgspec.json.decode(raw, type=GPUClass)
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"{field} is not a valid object: {error}") from None
+    if parent.api_version != GPUCLASS_API_VERSION or parent.kind != GPUCLASS_KIND:
+        raise BadRequest(f"{field} is not a {GPUCLASS_API_VERSION} {GPUCLASS_KIND}")
+    if not parent.metadata.name:
+        raise BadRequest(f"{field} has no metadata.name")
+    return parent
+
+
+class DecodedGroup(msgspec.Struct, frozen=True):
+    """The objects of one related group that decoded, and the keys of those that did not."""
+
+    objects: list[Any]
+    invalid: list[str]
+
+
+def decode_group(
+    groups: Mapping[str, Mapping[str, msgspec.Raw]], key: str, kind: type[T]
+) -> DecodedGroup | None:
+    """Decode each object of a group on its own, so one bad object does not sink the request.
+    None when the group is absent (Metacontroller sends every requested group, even empty)."""
+    group = groups.get(key)
+    if group is None:
+        return None
+    decoder = msgspec.json.Decoder(kind)
+    objects: list[Any] = []
+    invalid: list[str] = []
+    for name, raw in group.items():
+        try:
+            objects.append(decoder.decode(raw))
+        except msgspec.ValidationError:
+            invalid.append(name)
+    return DecodedGroup(objects, invalid)

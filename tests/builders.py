@@ -1,0 +1,245 @@
+"""Tiny builders of the objects Metacontroller sends, as plain JSON-shaped dicts.
+
+Tests build dicts (what is on the wire) and decode them with `as_wire` when a rule needs the
+typed form, so that the decoding is exercised by the same tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import msgspec
+
+GPU = "nvidia.com/NVIDIA_L40S-24Q"
+OTHER_GPU = "nvidia.com/GH100_H100_PCIE"
+API_VERSION = "cozystack.io/v1alpha1"
+TOKEN = b"secret-token-\x00\xff-value\n"
+
+
+def node(
+    name: str,
+    *,
+    gpus: int | str | None = 4,
+    resource: str = GPU,
+    ready: str | None = "True",
+    unschedulable: bool = False,
+    taints: list[dict[str, str]] | None = None,
+    labels: dict[str, str] | None = None,
+    capacity: int | str | None = None,
+) -> dict[str, Any]:
+    status: dict[str, Any] = {"capacity": {"cpu": "64"}, "allocatable": {"cpu": "63500m"}}
+    if gpus is not None:
+        status["allocatable"][resource] = str(gpus)
+        status["capacity"][resource] = str(capacity if capacity is not None else gpus)
+    if ready is not None:
+        status["conditions"] = [
+            {"type": "MemoryPressure", "status": "False"},
+            {"type": "Ready", "status": ready},
+        ]
+    spec: dict[str, Any] = {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}, "uid": f"uid-{name}"},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def container(
+    name: str = "compute",
+    *,
+    requests: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    restart_policy: str | None = None,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"name": name, "image": "registry/virt-launcher:v1"}
+    resources: dict[str, Any] = {}
+    if requests is not None:
+        resources["requests"] = requests
+    if limits is not None:
+        resources["limits"] = limits
+    result["resources"] = resources
+    if restart_policy is not None:
+        result["restartPolicy"] = restart_policy
+    return result
+
+
+def pod(
+    name: str,
+    *,
+    node_name: str | None = "gpu-1",
+    gpus: int | str | None = 1,
+    resource: str = GPU,
+    namespace: str = "tenant-a",
+    phase: str = "Running",
+    containers: list[dict[str, Any]] | None = None,
+    init_containers: list[dict[str, Any]] | None = None,
+    overhead: dict[str, str] | None = None,
+    terminating: bool = False,
+) -> dict[str, Any]:
+    if containers is None:
+        requests = {"cpu": "1"} | ({resource: str(gpus)} if gpus is not None else {})
+        containers = [container(requests=requests, limits=dict(requests))]
+    spec: dict[str, Any] = {"containers": containers}
+    if node_name is not None:
+        spec["nodeName"] = node_name
+    if init_containers is not None:
+        spec["initContainers"] = init_containers
+    if overhead is not None:
+        spec["overhead"] = overhead
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}"}
+    if terminating:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def gpuclass(
+    name: str,
+    *,
+    resource: str | None = GPU,
+    created: str | None = "2026-01-01T00:00:00Z",
+    generation: int = 1,
+    tolerations: list[dict[str, Any]] | None = None,
+    license: dict[str, Any] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    deleting: bool = False,
+    spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if spec is None:
+        spec = {}
+        if resource is not None:
+            spec["resourceName"] = resource
+        if tolerations is not None:
+            spec["tolerations"] = tolerations
+        if license is not None:
+            spec["license"] = license
+    metadata: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "generation": generation}
+    if created is not None:
+        metadata["creationTimestamp"] = created
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-06-01T00:00:00Z"
+    result: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "GPUClass",
+        "metadata": metadata,
+        "spec": spec,
+    }
+    if conditions is not None:
+        result["status"] = {"observedGeneration": generation, "conditions": conditions}
+    return result
+
+
+def namespace(
+    name: str, *, entitled: bool = True, phase: str = "Active", terminating: bool = False
+) -> dict[str, Any]:
+    labels = {"kubernetes.io/metadata.name": name}
+    if entitled:
+        labels["namespace.cozystack.io/vgpu"] = "true"
+    metadata: dict[str, Any] = {"name": name, "labels": labels, "uid": f"uid-ns-{name}"}
+    if terminating:
+        metadata["deletionTimestamp"] = "2026-06-01T00:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": metadata,
+        "status": {"phase": phase},
+    }
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def secret(
+    name: str,
+    namespace: str,
+    *,
+    data: dict[str, bytes] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    owner_uid: str | None = None,
+    resource_version: str = "100",
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-secret-{namespace}-{name}",
+        "resourceVersion": resource_version,
+        "creationTimestamp": "2026-02-01T00:00:00Z",
+    }
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": "GPUClass",
+                "name": "owner",
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": metadata,
+        "data": {k: b64(v) for k, v in (data or {}).items()},
+    }
+
+
+def keyed(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A Metacontroller object map: `namespace/name` for namespaced objects, else `name`."""
+    result = {}
+    for obj in objects:
+        meta = obj["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
+        result[key] = obj
+    return result
+
+
+def status_sync_request(
+    parent: dict[str, Any],
+    *,
+    nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    classes: list[dict[str, Any]] | None = None,
+    secrets: list[dict[str, Any]] | None = None,
+    namespaces: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    related: dict[str, Any] = {
+        "Node.v1": keyed(list(nodes)),
+        "Pod.v1": keyed(list(pods)),
+        "GPUClass.cozystack.io/v1alpha1": keyed(classes if classes is not None else [parent]),
+    }
+    if secrets is not None:
+        related["Secret.v1"] = keyed(secrets)
+    if namespaces is not None:
+        related["Namespace.v1"] = keyed(namespaces)
+    return {
+        "controller": {"kind": "CompositeController", "metadata": {"name": "gpuclass-status"}},
+        "parent": parent,
+        "children": {},
+        "related": related,
+        "finalizing": False,
+    }
+
+
+def as_wire(obj: dict[str, Any], kind: type) -> Any:
+    return msgspec.json.decode(json.dumps(obj).encode(), type=kind)

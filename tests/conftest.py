@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hooks.settings import Settings
+from tests.apiserver import FakeApiServer, fake_apiserver
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    with fake_apiserver() as server:
+        yield server
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text("sa-token-1\n")
+    return path
+
+
+@pytest.fixture
+def settings(apiserver: FakeApiServer, token_file: Path, tmp_path: Path) -> Settings:
+    return Settings(
+        kube_api=apiserver.url,
+        kube_token_file=token_file,
+        kube_ca_file=tmp_path / "no-ca.crt",
+        kubevirt_cache_seconds=0,
+    )

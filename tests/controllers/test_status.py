@@ -1,0 +1,224 @@
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from hooks.controllers import status
+from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.settings import Settings
+from hooks.wire.kube import KubeVirt
+from hooks.wire.metacontroller import (
+    CompositeSyncRequest,
+    CustomizeRequest,
+    decode_envelope,
+    encode,
+)
+from tests.apiserver import kubevirt_cr
+from tests.builders import GPU, OTHER_GPU, as_wire, gpuclass, node, pod, status_sync_request
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+PERMITTED = KubeVirtFound(as_wire(kubevirt_cr(GPU, OTHER_GPU), KubeVirt), "cozy-kubevirt/kubevirt")
+
+
+def run(
+    request: dict[str, Any],
+    view: KubeVirtView = PERMITTED,
+    settings: Settings | None = None,
+    now: datetime = NOW,
+) -> dict[str, Any]:
+    decoded = decode_envelope(json.dumps(request).encode(), CompositeSyncRequest)
+    outcome = status.sync(decoded, settings or Settings(), lambda: view, now)
+    return msgspec.json.decode(encode(outcome.response))
+
+
+def conditions(response: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in response["status"]["conditions"]}
+
+
+def cluster() -> dict[str, Any]:
+    parent = gpuclass("l40s", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    return status_sync_request(
+        parent,
+        nodes=[
+            node("gpu-1", gpus=4, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+            node("gpu-2", gpus=2),
+            node("gpu-3", gpus=8, unschedulable=True),
+            node("cpu-1", gpus=None),
+        ],
+        pods=[pod("vm-1", node_name="gpu-1", gpus=1), pod("vm-2", node_name="gpu-2", gpus=2)],
+    )
+
+
+def test_status_reports_free_and_max_free_per_node() -> None:
+    response = run(cluster())
+    assert set(response) == {"status", "children"}
+    assert response["children"] == []
+    assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (3, 3)
+    assert conditions(response) == {
+        "ResourceNameConflict": ("False", "NoConflict"),
+        "ResourceNameNotPermitted": ("False", "Permitted"),
+        "ResourceNotAdvertised": ("False", "Advertised"),
+        "Ready": ("True", "Ready"),
+    }
+
+
+def test_status_is_idempotent() -> None:
+    request = cluster()
+    first = run(request)
+    request["parent"]["status"] = dict(first["status"], observedGeneration=1)
+    second = run(request, now=NOW + timedelta(minutes=5))
+    assert second == first
+
+
+def test_status_is_idempotent_while_kubevirt_is_unreadable() -> None:
+    request = cluster()
+    first = run(request, KubeVirtUnreadable("HTTP 503"))
+    request["parent"]["status"] = first["status"]
+    assert run(request, KubeVirtUnreadable("HTTP 503"), now=NOW + timedelta(minutes=1)) == first
+
+
+def test_kubevirt_unreadable_keeps_the_previous_permission_and_asks_for_a_resync() -> None:
+    request = cluster()
+    request["parent"]["status"] = run(request)["status"]
+    response = run(request, KubeVirtUnreadable("timed out"), now=NOW + timedelta(minutes=1))
+    assert response["resyncAfterSeconds"] == status.KUBEVIRT_RETRY_SECONDS
+    assert conditions(response)["ResourceNameNotPermitted"] == ("False", "Permitted")
+    assert conditions(response)["Ready"] == ("True", "Ready")
+
+
+def test_kubevirt_unreadable_without_history_makes_ready_unknown() -> None:
+    response = run(cluster(), KubeVirtUnreadable("timed out"))
+    assert conditions(response)["Ready"] == ("Unknown", "KubeVirtUnreadable")
+    assert response["resyncAfterSeconds"] == status.KUBEVIRT_RETRY_SECONDS
+
+
+def test_no_resync_requested_when_kubevirt_was_read() -> None:
+    assert "resyncAfterSeconds" not in run(cluster())
+
+
+def test_resource_name_conflict_reports_zero_for_the_younger_class() -> None:
+    older = gpuclass("a-old", created="2025-01-01T00:00:00Z")
+    younger = gpuclass("b-new", created="2026-01-01T00:00:00Z")
+    request = status_sync_request(younger, nodes=[node("gpu-1")], classes=[older, younger])
+    response = run(request)
+    assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (0, 0)
+    assert conditions(response)["ResourceNameConflict"] == ("True", "OlderClassHasResource")
+    assert conditions(response)["Ready"] == ("False", "ResourceNameConflict")
+    assert "a-old" in response["status"]["conditions"][0]["message"]
+    request["parent"] = older
+    assert run(request)["status"]["free"] == 4
+
+
+def test_conflict_ignores_related_classes_with_invalid_specs() -> None:
+    parent = gpuclass("b", created="2026-01-01T00:00:00Z")
+    broken = gpuclass("a", created="2025-01-01T00:00:00Z", spec={"resourceName": 42})
+    response = run(status_sync_request(parent, nodes=[node("gpu-1")], classes=[broken, parent]))
+    assert conditions(response)["ResourceNameConflict"] == ("False", "NoConflict")
+
+
+def test_not_permitted_resource_makes_class_unready() -> None:
+    request = status_sync_request(
+        gpuclass("h100", resource="nvidia.com/UNLISTED"),
+        nodes=[node("g", resource="nvidia.com/UNLISTED")],
+    )
+    assert conditions(run(request))["Ready"] == ("False", "ResourceNameNotPermitted")
+
+
+def test_not_advertised_resource_makes_class_unready() -> None:
+    response = run(status_sync_request(gpuclass("l40s"), nodes=[node("cpu", gpus=None)]))
+    assert conditions(response)["ResourceNotAdvertised"] == ("True", "NoNodeAdvertises")
+    assert conditions(response)["Ready"] == ("False", "ResourceNotAdvertised")
+
+
+def test_zero_free_units_do_not_make_a_class_unready() -> None:
+    request = status_sync_request(
+        gpuclass("l40s"), nodes=[node("gpu-1", gpus=1)], pods=[pod("vm", gpus=1)]
+    )
+    response = run(request)
+    assert response["status"]["free"] == 0
+    assert conditions(response)["Ready"] == ("True", "Ready")
+
+
+def test_invalid_spec_gets_only_ready_false_invalid_spec() -> None:
+    response = run(status_sync_request(gpuclass("broken", resource=None)))
+    assert [(c["type"], c["status"], c["reason"]) for c in response["status"]["conditions"]] == [
+        ("Ready", "False", "InvalidSpec")
+    ]
+    assert "spec.resourceName" in response["status"]["conditions"][0]["message"]
+    assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (0, 0)
+
+
+def test_conditions_carry_the_parent_generation() -> None:
+    request = cluster()
+    request["parent"]["metadata"]["generation"] = 9
+    assert {c["observedGeneration"] for c in run(request)["status"]["conditions"]} == {9}
+
+
+def test_disabled_returns_empty_status_and_no_children() -> None:
+    assert run(cluster(), settings=Settings(enabled=False)) == {"status": {}, "children": []}
+
+
+def test_missing_related_group_keeps_previous_status_and_asks_for_resync() -> None:
+    request = cluster()
+    previous = run(request)["status"]
+    request["parent"]["status"] = previous
+    del request["related"]["Pod.v1"]
+    response = run(request)
+    assert response == {
+        "status": previous,
+        "children": [],
+        "resyncAfterSeconds": status.STALE_RULES_RETRY_SECONDS,
+    }
+
+
+def test_invalid_objects_are_skipped_and_reported_without_failing() -> None:
+    request = cluster()
+    request["related"]["Node.v1"]["bad"] = {"metadata": {"name": "bad"}, "spec": {"taints": "oops"}}
+    request["related"]["Pod.v1"]["tenant-a/broken"] = pod("broken", node_name="gpu-2", gpus="2.5")
+    decoded = decode_envelope(json.dumps(request).encode(), CompositeSyncRequest)
+    outcome = status.sync(decoded, Settings(), lambda: PERMITTED, NOW)
+    assert {(o.kind, o.name) for o in outcome.invalid} == {
+        ("Node", "bad"),
+        ("Pod", "tenant-a/broken"),
+    }
+    assert outcome.response.status.free == 3  # type: ignore[union-attr]
+
+
+def customize(settings: Settings) -> list[dict[str, Any]]:
+    request = decode_envelope(json.dumps({"parent": gpuclass("l40s")}).encode(), CustomizeRequest)
+    return msgspec.json.decode(encode(status.customize(request, settings)))["relatedResources"]
+
+
+def test_customize_asks_for_nodes_pods_and_all_gpuclasses() -> None:
+    assert customize(Settings()) == [
+        {"apiVersion": "v1", "resource": "nodes"},
+        {"apiVersion": "v1", "resource": "pods"},
+        {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
+    ]
+
+
+def test_customize_applies_the_configured_selectors() -> None:
+    rules = customize(
+        Settings(
+            node_selector="nvidia.com/gpu.present=true", pod_selector="kubevirt.io=virt-launcher"
+        )
+    )
+    assert rules[0]["labelSelector"] == {"matchLabels": {"nvidia.com/gpu.present": "true"}}
+    assert rules[1]["labelSelector"] == {"matchLabels": {"kubevirt.io": "virt-launcher"}}
+
+
+def test_customize_disabled_asks_for_no_nodes_or_pods() -> None:
+    assert [r["resource"] for r in customize(Settings(enabled=False))] == ["gpuclasses"]
+
+
+@pytest.mark.parametrize(
+    "parent", [None, {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "x"}}]
+)
+def test_customize_refuses_a_parent_that_is_not_a_gpuclass(parent: Any) -> None:
+    from hooks.wire.metacontroller import BadRequest
+
+    request = decode_envelope(json.dumps({"parent": parent}).encode(), CustomizeRequest)
+    with pytest.raises(BadRequest):
+        status.customize(request, Settings())

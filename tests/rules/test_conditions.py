@@ -1,0 +1,149 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from hooks.rules.conditions import (
+    ORDER,
+    Verdict,
+    advertised_condition,
+    conflict_condition,
+    ready_condition,
+    rfc3339,
+    settle,
+)
+from hooks.rules.permission import (
+    KubeVirtAbsent,
+    KubeVirtFound,
+    KubeVirtUnreadable,
+    permission_condition,
+)
+from hooks.wire.kube import Condition, KubeVirt
+from tests.builders import GPU, as_wire
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+EARLIER = "2026-11-01T08:00:00Z"
+
+
+def kubevirt(pci: list[str] = (), mediated: list[str] = ()) -> KubeVirtFound:  # type: ignore[assignment]
+    spec = {
+        "configuration": {
+            "permittedHostDevices": {
+                "pciHostDevices": [
+                    {"pciVendorSelector": "10DE:2236", "resourceName": r} for r in pci
+                ],
+                "mediatedDevices": [{"mdevNameSelector": "X", "resourceName": r} for r in mediated],
+            }
+        }
+    }
+    return KubeVirtFound(as_wire({"spec": spec}, KubeVirt), "cozy-kubevirt/kubevirt")
+
+
+def condition(type_: str, status: str, reason: str = "R", generation: int = 1) -> Condition:
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message="m",
+        last_transition_time=EARLIER,
+        observed_generation=generation,
+    )
+
+
+def test_resource_name_not_permitted_false_when_listed_as_pci_or_mediated_device() -> None:
+    for view in (kubevirt(pci=[GPU]), kubevirt(mediated=[GPU])):
+        verdict = permission_condition(GPU, view, None, 1)
+        assert (verdict.status, verdict.reason) == ("False", "Permitted")
+
+
+def test_resource_name_not_permitted_true_when_not_in_permitted_host_devices() -> None:
+    verdict = permission_condition(GPU, kubevirt(pci=["nvidia.com/OTHER"]), None, 1)
+    assert (verdict.status, verdict.reason) == ("True", "NotInPermittedHostDevices")
+
+
+def test_resource_name_not_permitted_true_when_kubevirt_not_found() -> None:
+    verdict = permission_condition(GPU, KubeVirtAbsent("cozy-kubevirt/kubevirt"), None, 1)
+    assert (verdict.status, verdict.reason) == ("True", "KubeVirtNotFound")
+
+
+def test_kubevirt_unreadable_without_previous_condition_is_unknown() -> None:
+    verdict = permission_condition(GPU, KubeVirtUnreadable("HTTP 503"), None, 1)
+    assert (verdict.status, verdict.reason) == ("Unknown", "KubeVirtUnreadable")
+    assert "HTTP 503" in verdict.message
+
+
+def test_kubevirt_unreadable_keeps_previous_condition_of_current_generation_verbatim() -> None:
+    previous = condition("ResourceNameNotPermitted", "False", "Permitted", generation=3)
+    assert permission_condition(GPU, KubeVirtUnreadable("timed out"), previous, 3) is previous
+
+
+def test_kubevirt_unreadable_ignores_previous_condition_of_older_generation() -> None:
+    previous = condition("ResourceNameNotPermitted", "False", "Permitted", generation=2)
+    verdict = permission_condition(GPU, KubeVirtUnreadable("timed out"), previous, 3)
+    assert (verdict.status, verdict.reason) == ("Unknown", "KubeVirtUnreadable")
+
+
+def test_resource_not_advertised() -> None:
+    assert advertised_condition(GPU, False).reason == "NoNodeAdvertises"
+    assert advertised_condition(GPU, True).status == "False"
+
+
+def test_resource_name_conflict_message_names_the_older_class() -> None:
+    verdict = conflict_condition(GPU, "older")
+    assert (verdict.status, verdict.reason) == ("True", "OlderClassHasResource")
+    assert "older" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("failing", "reason"),
+    [
+        (["ResourceNameConflict", "ResourceNameNotPermitted"], "ResourceNameConflict"),
+        (["ResourceNameNotPermitted", "ResourceNotAdvertised"], "ResourceNameNotPermitted"),
+        (["ResourceNotAdvertised", "LicenseSecretMissing"], "ResourceNotAdvertised"),
+        (["LicenseSecretMissing"], "LicenseSecretMissing"),
+    ],
+)
+def test_ready_false_with_first_failing_condition(failing: list[str], reason: str) -> None:
+    verdicts = [
+        Verdict(t, "True" if t in failing else "False", "X", f"{t} says") for t in ORDER[:-1]
+    ]
+    ready = ready_condition(verdicts)
+    assert (ready.status, ready.reason, ready.message) == ("False", reason, f"{reason} says")
+
+
+def test_license_copy_conflict_never_affects_ready() -> None:
+    verdicts = [Verdict(t, "False", "X") for t in ORDER[:-1]]
+    verdicts[-1] = Verdict("LicenseCopyConflict", "True", "ForeignSecret")
+    assert ready_condition(verdicts).status == "True"
+
+
+def test_ready_unknown_when_only_kubevirt_is_unknown() -> None:
+    verdicts = [Verdict("ResourceNameNotPermitted", "Unknown", "KubeVirtUnreadable", "why")]
+    ready = ready_condition(verdicts)
+    assert (ready.status, ready.reason) == ("Unknown", "KubeVirtUnreadable")
+
+
+def test_ready_true_otherwise() -> None:
+    ready = ready_condition([Verdict(t, "False", "X") for t in ORDER[:-1]])
+    assert (ready.status, ready.reason) == ("True", "Ready")
+
+
+def test_new_transition_time_is_rfc3339_utc_with_seconds_and_z() -> None:
+    assert rfc3339(NOW) == "2026-11-30T12:00:00Z"
+
+
+def test_last_transition_time_kept_when_status_unchanged() -> None:
+    previous = [condition("Ready", "True")]
+    [settled] = settle([Verdict("Ready", "True", "Ready", "new message")], previous, 2, NOW)
+    assert settled.last_transition_time == EARLIER
+    assert (settled.message, settled.observed_generation) == ("new message", 2)
+
+
+def test_last_transition_time_moves_when_status_changes() -> None:
+    [settled] = settle([Verdict("Ready", "False", "X")], [condition("Ready", "True")], 1, NOW)
+    assert settled.last_transition_time == "2026-11-30T12:00:00Z"
+
+
+def test_conditions_carry_parent_generation_and_fixed_order() -> None:
+    settled = settle([Verdict(t, "False", "X") for t in reversed(ORDER)], [], 7, NOW)
+    assert [c.type for c in settled] == list(ORDER)
+    assert {c.observed_generation for c in settled} == {7}

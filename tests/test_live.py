@@ -1,0 +1,62 @@
+"""The real server: gunicorn with gthread workers, called over loopback with requests."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from tests.apiserver import FakeApiServer
+from tests.live import live_server
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def test_serve_answers_status_sync(
+    apiserver: FakeApiServer, token_file: Path, tmp_path: Path
+) -> None:
+    env = {"GPUCLASS_KUBE_API": apiserver.url, "GPUCLASS_KUBE_TOKEN_FILE": str(token_file)}
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    with live_server(env, tmp_path, args=("--threads", "4")) as server:
+        response = requests.post(
+            f"{server.url}/status/sync",
+            data=body,
+            timeout=10,
+            headers={"Content-Type": "application/json"},
+        )
+        assert response.status_code == 200
+        assert set(response.json()) == {"status", "children"}
+        assert response.json()["status"]["free"] == 1
+        assert response.json()["status"]["conditions"][-1]["reason"] == "Ready"
+
+        with ThreadPoolExecutor(5) as pool:
+            answers = list(
+                pool.map(
+                    lambda _: requests.post(
+                        f"{server.url}/status/sync", data=body, timeout=10
+                    ).json(),
+                    range(10),
+                )
+            )
+        assert all(a == response.json() for a in answers)
+        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 200
+    assert server.process.returncode == 0
+    assert '"route":"/status/sync"' in server.logs()
+
+
+def test_serve_refuses_invalid_settings_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "hooks.cli", "serve"],
+        env={"GPUCLASS_POD_SELECTOR": "a in (", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "invalid setting GPUCLASS_POD_SELECTOR: cannot parse selector at 'a in ('"
+    ]
