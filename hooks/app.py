@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,14 +19,16 @@ import msgspec
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
-from hooks.controllers import status
+from hooks.controllers import license, status
 from hooks.kubevirt import KubeVirtReader
 from hooks.logs import log
+from hooks.rules.capacity import InvalidObject
 from hooks.settings import Settings
 from hooks.wire.metacontroller import (
     BadRequest,
     CompositeSyncRequest,
     CustomizeRequest,
+    DecoratorSyncRequest,
     decode_envelope,
     encode,
 )
@@ -91,6 +93,18 @@ def create_app(
         log(logging.INFO, "hook call", **fields)
         return response
 
+    def warn_invalid(route: str, class_name: str, invalid: Sequence[InvalidObject]) -> None:
+        """One warning per request naming what was skipped (names and reasons, never contents)."""
+        if invalid:
+            log(
+                logging.WARNING,
+                "skipped invalid objects",
+                route=route,
+                **{"class": class_name},
+                objects=[f"{o.kind} {o.name}: {o.reason}" for o in invalid[:20]],
+                count=len(invalid),
+            )
+
     @app.post("/status/customize")
     def status_customize() -> Response:
         def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
@@ -104,19 +118,29 @@ def create_app(
         def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
             sync_request = decode_envelope(body, CompositeSyncRequest)
             outcome = status.sync(sync_request, settings, reader.view, clock())
-            if outcome.invalid:
-                log(
-                    logging.WARNING,
-                    "skipped invalid objects",
-                    route="/status/sync",
-                    **{"class": outcome.class_name},
-                    objects=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid[:20]],
-                    count=len(outcome.invalid),
-                )
+            warn_invalid("/status/sync", outcome.class_name, outcome.invalid)
             facts = {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts}
             return encode(outcome.response), facts
 
         return hook("/status/sync", handle)
+
+    @app.post("/license/customize")
+    def license_customize() -> Response:
+        def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
+            answer = license.customize(decode_envelope(body, CustomizeRequest), settings)
+            return encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)}
+
+        return hook("/license/customize", handle)
+
+    @app.post("/license/sync")
+    def license_sync() -> Response:
+        def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
+            outcome = license.sync(decode_envelope(body, DecoratorSyncRequest), settings)
+            warn_invalid("/license/sync", outcome.class_name, outcome.invalid)
+            facts = {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts}
+            return encode(outcome.response), facts
+
+        return hook("/license/sync", handle)
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -243,3 +243,66 @@ def status_sync_request(
 
 def as_wire(obj: dict[str, Any], kind: type) -> Any:
     return msgspec.json.decode(json.dumps(obj).encode(), type=kind)
+
+
+SOURCE_NS = "cozy-gpu-operator"
+SOURCE_NAME = "nvidia-license"
+TOKEN_KEY = "client_configuration_token.tok"
+LICENSE = {"secretRef": {"name": SOURCE_NAME}, "featureType": 1}
+
+
+def licensed_class(name: str = "l40s", **kwargs: Any) -> dict[str, Any]:
+    kwargs.setdefault("license", LICENSE)
+    return gpuclass(name, **kwargs)
+
+
+def source_secret(token: bytes = TOKEN, **extra: bytes) -> dict[str, Any]:
+    return secret(
+        SOURCE_NAME, SOURCE_NS, data={TOKEN_KEY: token, "other-key": b"not copied", **extra}
+    )
+
+
+def managed_copy(
+    class_name: str, namespace: str, token: bytes = TOKEN, *, resource_version: str = "7"
+) -> dict[str, Any]:
+    """A copy as Metacontroller shows it after applying it: server fields and its annotations."""
+    copy = secret(
+        f"gpuclass-{class_name}-license",
+        namespace,
+        data={TOKEN_KEY: token, "gridd.conf": b"FeatureType=1\n"},
+        labels={
+            "gpuclass.cozystack.io/class": class_name,
+            "gpuclass.cozystack.io/license-copy": "true",
+        },
+        annotations={
+            "gpuclass.cozystack.io/source": f"{SOURCE_NS}/{SOURCE_NAME}",
+            "gpuclass.cozystack.io/token-sha256": "0" * 64,
+            "metacontroller.k8s.io/decorator-controller": "gpuclass-license",
+            "metacontroller.k8s.io/last-applied-configuration": "{}",
+        },
+        owner_uid=f"uid-{class_name}",
+        resource_version=resource_version,
+    )
+    copy["metadata"]["managedFields"] = [{"manager": "metacontroller", "operation": "Update"}]
+    return copy
+
+
+def license_sync_request(
+    target: dict[str, Any],
+    *,
+    secrets: list[dict[str, Any]] | None = None,
+    namespaces: list[dict[str, Any]] | None = None,
+    attachments: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    related: dict[str, Any] = {}
+    if secrets is not None:
+        related["Secret.v1"] = keyed(secrets)
+    if namespaces is not None:
+        related["Namespace.v1"] = keyed(namespaces)
+    return {
+        "controller": {"kind": "DecoratorController", "metadata": {"name": "gpuclass-license"}},
+        "object": target,
+        "attachments": {"Secret.v1": keyed(attachments or [])},
+        "related": related,
+        "finalizing": False,
+    }

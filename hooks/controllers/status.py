@@ -1,7 +1,8 @@
 """CompositeController `gpuclass-status`: the whole status of one GPUClass.
 
 Applies, in order: spec validation, the resource-name conflict (oldest class wins), capacity over
-eligible nodes, KubeVirt's permission, advertisement, the license conditions, and Ready; then
+eligible nodes, KubeVirt's permission, advertisement, the license conditions (from the license
+hook's own plan), and Ready; then
 settles the conditions against the current status so that the answer is idempotent.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from hooks.controllers.license import license_inputs, license_rules, licensed_spec, plan_for
 from hooks.rules.capacity import Capacity, InvalidObject, compute_capacity
 from hooks.rules.classes import ClassIdentity, older_class_with_resource
 from hooks.rules.conditions import (
@@ -22,9 +24,12 @@ from hooks.rules.conditions import (
     advertised_condition,
     conflict_condition,
     invalid_spec_condition,
+    license_conflict_condition,
+    license_secret_condition,
     ready_condition,
     settle,
 )
+from hooks.rules.license import LicensePlan, copy_name
 from hooks.rules.permission import KubeVirtUnreadable, KubeVirtView, permission_condition
 from hooks.settings import Settings
 from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
@@ -59,15 +64,20 @@ class StatusOutcome:
     outcome: str = "ok"
     invalid: tuple[InvalidObject, ...] = ()
     conditions: tuple[Condition, ...] = ()
+    plan: LicensePlan | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
 
 def customize(request: CustomizeRequest, settings: Settings) -> CustomizeResponse:
-    """Nodes and Pods (with the configured selectors) and every GPUClass. With GPU features off,
-    no Nodes or Pods: the sync then only clears the status."""
-    decode_gpuclass(request.parent, "parent")
+    """Nodes and Pods (with the configured selectors), every GPUClass, and for a licensed class
+    the license hook's own rules. With GPU features off, only the classes: the sync then only
+    clears the status."""
+    parent = decode_gpuclass(request.parent, "parent")
     rules = [RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses")]
     if settings.enabled:
+        spec = licensed_spec(parent)
+        if spec is not None and spec.license is not None:
+            rules.extend(license_rules(parent, spec.license, settings))
         rules = [
             RelatedRule(
                 api_version="v1", resource="nodes", label_selector=settings.node_label_selector
@@ -131,7 +141,10 @@ def sync(
     nodes = decode_group(request.related, NODES, Node)
     pods = decode_group(request.related, PODS, Pod)
     classes = decode_group(request.related, GPUCLASSES, GPUClass)
-    if nodes is None or pods is None or classes is None:
+    license_input = (
+        license_inputs(parent, spec.license, request.related, settings) if spec.license else None
+    )
+    if nodes is None or pods is None or classes is None or (spec.license and not license_input):
         # Metacontroller sends every group it was asked for: a missing one means its cached
         # customize answer differs from ours. Keep what the status says until it catches up.
         kept: msgspec.Raw | dict[str, Any] = parent.status if previous_status is not None else {}
@@ -162,6 +175,12 @@ def sync(
         permission_condition(resource, view, previous_permission, generation),
         advertised_condition(resource, capacity.advertised),
     ]
+    plan: LicensePlan | None = None
+    if spec.license is not None and license_input is not None:
+        plan = plan_for(parent, spec.license, license_input, settings)
+        invalid.extend((*license_input.invalid, *plan.invalid))
+        decided.append(license_secret_condition(plan.source))
+        decided.append(license_conflict_condition(plan, copy_name(name)))
     decided.append(ready_condition(decided))
     conditions = settle(decided, previous, generation, now)
 
@@ -180,6 +199,7 @@ def sync(
         outcome="kubevirt_unreadable" if retry else "ok",
         invalid=tuple(invalid),
         conditions=tuple(conditions),
+        plan=plan,
         counts={
             "nodes": len(nodes.objects),
             "eligible_nodes": len(capacity.eligible_nodes),

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from hooks.rules.license import LicensePlan, SourceState
 from hooks.wire.kube import Condition
 
 RESOURCE_NAME_CONFLICT = "ResourceNameConflict"
@@ -76,6 +77,40 @@ def advertised_condition(resource: str, advertised: bool) -> Verdict:
         "NoNodeAdvertises",
         f"no node lists {resource} in status.capacity",
     )
+
+
+def license_secret_condition(source: SourceState) -> Verdict:
+    """LicenseSecretMissing: True with why the source cannot be copied, False when it can."""
+    return Verdict(
+        LICENSE_SECRET_MISSING, "False" if source.usable else "True", source.reason, source.message
+    )
+
+
+def _first_five(namespaces: tuple[str, ...]) -> str:
+    shown = ", ".join(namespaces[:5])
+    return shown + (", ..." if len(namespaces) > 5 else "")
+
+
+def license_conflict_condition(plan: LicensePlan, copy: str) -> Verdict:
+    """LicenseCopyConflict: namespaces where a Secret named like the copy is not ours."""
+    if plan.foreign:
+        return Verdict(
+            LICENSE_COPY_CONFLICT,
+            "True",
+            "ForeignSecret",
+            f"{len(plan.foreign)} entitled namespaces hold a Secret {copy} that is not a managed "
+            f"copy and get no copy: {_first_five(plan.foreign)}",
+        )
+    if plan.unmanaged:
+        return Verdict(
+            LICENSE_COPY_CONFLICT,
+            "True",
+            "UnmanagedCopy",
+            f"{len(plan.unmanaged)} namespaces hold a copy {copy} with our labels that no class "
+            f"manages (orphaned, or written by another controller); delete it to let the hook "
+            f"manage it: {_first_five(plan.unmanaged)}",
+        )
+    return Verdict(LICENSE_COPY_CONFLICT, "False", "NoConflict", f"no foreign Secret named {copy}")
 
 
 def ready_condition(conditions: Iterable[Verdict | Condition]) -> Verdict:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from hooks.wire.kube import GPUClassStatus, is_absent
 
 DEFAULT_TOKEN_KEY = "client_configuration_token.tok"
+GRIDD_KEY = "gridd.conf"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _RESOURCE_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -60,6 +61,8 @@ class SecretRef(_Spec):
     def _key_is_secret_key(cls, value: str) -> str:
         if not value or len(value) > 253 or not _SECRET_KEY.match(value):
             raise ValueError("must be a valid Secret data key")
+        if value == GRIDD_KEY:
+            raise ValueError(f"{GRIDD_KEY} is generated in every copy and cannot hold the token")
         return value
 
 

@@ -222,3 +222,106 @@ def test_customize_refuses_a_parent_that_is_not_a_gpuclass(parent: Any) -> None:
     request = decode_envelope(json.dumps({"parent": parent}).encode(), CustomizeRequest)
     with pytest.raises(BadRequest):
         status.customize(request, Settings())
+
+
+def licensed_cluster(**kwargs: Any) -> dict[str, Any]:
+    from tests.builders import licensed_class
+
+    request = status_sync_request(licensed_class(), nodes=[node("gpu-1")], **kwargs)
+    return request
+
+
+def test_license_secret_missing_reasons_and_ready() -> None:
+    from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY, namespace, secret, source_secret
+
+    cases = [
+        ([source_secret()], ("False", "SecretFound")),
+        ([], ("True", "SecretNotFound")),
+        ([secret(SOURCE_NAME, SOURCE_NS, data={TOKEN_KEY: b"  "})], ("True", "TokenMissing")),
+    ]
+    for secrets, expected in cases:
+        response = run(licensed_cluster(secrets=secrets, namespaces=[namespace("a")]))
+        assert conditions(response)["LicenseSecretMissing"] == expected
+        ready = ("True", "Ready") if expected[0] == "False" else ("False", "LicenseSecretMissing")
+        assert conditions(response)["Ready"] == ready
+
+
+def test_license_namespace_not_allowed() -> None:
+    from tests.builders import licensed_class, namespace
+
+    parent = licensed_class(license={"secretRef": {"name": "tok", "namespace": "tenant-x"}})
+    request = status_sync_request(
+        parent, nodes=[node("gpu-1")], secrets=[], namespaces=[namespace("a")]
+    )
+    assert conditions(run(request))["LicenseSecretMissing"] == ("True", "NamespaceNotAllowed")
+
+
+def test_license_copy_conflict_counts_foreign_secrets_with_first_five_sorted() -> None:
+    from tests.builders import namespace, secret, source_secret
+
+    names = [f"tenant-{c}" for c in "gfedcba"]
+    foreign = [secret("gpuclass-l40s-license", n) for n in names]
+    response = run(
+        licensed_cluster(
+            secrets=[source_secret(), *foreign], namespaces=[namespace(n) for n in names]
+        )
+    )
+    assert conditions(response)["LicenseCopyConflict"] == ("True", "ForeignSecret")
+    message = next(
+        c["message"] for c in response["status"]["conditions"] if c["type"] == "LicenseCopyConflict"
+    )
+    assert message.startswith("7 entitled namespaces")
+    assert message.endswith("tenant-a, tenant-b, tenant-c, tenant-d, tenant-e, ...")
+    assert conditions(response)["Ready"] == ("True", "Ready")
+
+
+def test_license_copy_conflict_unmanaged_copy() -> None:
+    from tests.builders import managed_copy, namespace, source_secret
+
+    orphan = managed_copy("l40s", "tenant-a")
+    del orphan["metadata"]["ownerReferences"]
+    response = run(
+        licensed_cluster(secrets=[source_secret(), orphan], namespaces=[namespace("tenant-a")])
+    )
+    assert conditions(response)["LicenseCopyConflict"] == ("True", "UnmanagedCopy")
+
+
+def test_license_conditions_order_and_idempotency() -> None:
+    from tests.builders import namespace, source_secret
+
+    request = licensed_cluster(secrets=[source_secret()], namespaces=[namespace("a")])
+    first = run(request)
+    assert [c["type"] for c in first["status"]["conditions"]] == [
+        "ResourceNameConflict",
+        "ResourceNameNotPermitted",
+        "ResourceNotAdvertised",
+        "LicenseSecretMissing",
+        "LicenseCopyConflict",
+        "Ready",
+    ]
+    request["parent"]["status"] = first["status"]
+    assert run(request, now=NOW + timedelta(hours=1)) == first
+
+
+def test_unlicensed_class_has_no_license_conditions() -> None:
+    assert "LicenseSecretMissing" not in conditions(run(cluster()))
+
+
+def test_licensed_class_with_missing_license_groups_keeps_status() -> None:
+    request = licensed_cluster(secrets=None, namespaces=None)
+    assert run(request)["resyncAfterSeconds"] == status.STALE_RULES_RETRY_SECONDS
+
+
+def test_status_customize_adds_the_license_rules_for_licensed_classes() -> None:
+    from tests.builders import licensed_class
+
+    request = decode_envelope(json.dumps({"parent": licensed_class()}).encode(), CustomizeRequest)
+    rules = msgspec.json.decode(encode(status.customize(request, Settings())))["relatedResources"]
+    assert [r["resource"] for r in rules] == [
+        "nodes",
+        "pods",
+        "gpuclasses",
+        "secrets",
+        "namespaces",
+        "secrets",
+    ]
