@@ -1,0 +1,58 @@
+{{- define "gpuclass-hooks.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "gpuclass-hooks.labels" -}}
+{{ include "gpuclass-hooks.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* GPU features: gpu.enabled when set, else on for the gpu-operator variants that serve VMs. */}}
+{{- define "gpuclass-hooks.gpuEnabled" -}}
+{{- if kindIs "bool" .Values.gpu.enabled -}}
+{{- .Values.gpu.enabled -}}
+{{- else -}}
+{{- has .Values.gpuOperator.variant (list "default" "vgpu") -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A checksum of every setting that shapes customize answers. Appended to the hook URLs, it changes
+the controllers' spec when a setting changes, so Metacontroller drops its cached customize answers
+(kept 20 minutes per parent generation) instead of syncing against rules built from old settings.
+The service ignores the query parameter.
+*/}}
+{{- define "gpuclass-hooks.settingsChecksum" -}}
+{{- $settings := dict
+    "enabled" (include "gpuclass-hooks.gpuEnabled" .)
+    "nodes" .Values.selectors.nodes
+    "pods" .Values.selectors.pods
+    "label" .Values.license.namespaceLabel
+    "namespaces" .Values.license.namespaces -}}
+{{- $settings | toJson | sha256sum | trunc 8 -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.hookURL" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- printf "http://%s.%s.svc:%d%s?cfg=%s" (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.hook" -}}
+{{- $root := index . 0 -}}
+version: v2
+webhook:
+  url: {{ include "gpuclass-hooks.hookURL" . }}
+  timeout: {{ $root.Values.controllers.hookTimeout }}
+{{- end -}}

@@ -1,0 +1,51 @@
+"""Render the chart with helm, for the chart tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+CHART = Path(__file__).parent.parent / "metacontroller"
+# helm built with `go install` assumes Kubernetes 1.20 unless told; the chart needs CEL (1.27+).
+KUBE_VERSION = "1.30.0"
+
+
+def helm() -> str:
+    path = shutil.which("helm")
+    if path is None:
+        pytest.fail("helm is not installed: `make tools` builds it (make test does this)")
+    return path
+
+
+def helm_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
+
+
+def render(*sets: str, namespace: str = "cozy-gpu") -> list[dict[str, Any]]:
+    args = ["template", "gpu", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for value in sets:
+        args += ["--set", value]
+    result = helm_run(*args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in documents if d["kind"] == kind]
+
+
+def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [found] = by_kind(documents, kind)
+    return found
+
+
+def crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(
+        (CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text()
+    )
+    return loaded

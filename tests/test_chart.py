@@ -1,0 +1,408 @@
+"""The chart, rendered by helm and checked against the app it deploys."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import yaml
+
+from hooks.app import create_app
+from hooks.settings import Settings
+from tests.builders import (
+    gpuclass,
+    licensed_class,
+    namespace,
+    node,
+    secret,
+    source_secret,
+    status_sync_request,
+)
+from tests.chart import CHART, KUBE_VERSION, by_kind, crd, helm_run, one, render
+
+
+@pytest.fixture(scope="module")
+def default_render() -> list[dict[str, Any]]:
+    return render()
+
+
+def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found = {}
+    for kind in ("CompositeController", "DecoratorController"):
+        controller = one(documents, kind)
+        for name, hook in controller["spec"]["hooks"].items():
+            found[f"{controller['metadata']['name']}/{name}"] = hook
+    return found
+
+
+def test_helm_lint_passes() -> None:
+    result = helm_run("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("enabled", "variant", "expected"),
+    [
+        (None, "", "false"),
+        (None, "default", "true"),
+        (None, "vgpu", "true"),
+        (None, "container", "false"),
+        ("true", "", "true"),
+        ("true", "container", "true"),
+        ("false", "vgpu", "false"),
+        ("false", "default", "false"),
+    ],
+)
+def test_gpu_switch_follows_the_operator_variant_unless_set(
+    enabled: str | None, variant: str, expected: str
+) -> None:
+    sets = [f"gpuOperator.variant={variant}"] + ([f"gpu.enabled={enabled}"] if enabled else [])
+    documents = render(*sets)
+    env = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "GPUCLASS_ENABLED", "value": expected} in env
+    # Off keeps both controllers, so that copies are deleted and status cleared.
+    assert len(by_kind(documents, "CompositeController")) == 1
+    assert len(by_kind(documents, "DecoratorController")) == 1
+
+
+def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str, Any]]) -> None:
+    app = create_app(Settings())
+    served = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or set())}
+    hooks = hooks_of(default_render)
+    assert set(hooks) == {
+        "gpuclass-status/customize",
+        "gpuclass-status/sync",
+        "gpuclass-license/customize",
+        "gpuclass-license/sync",
+    }
+    service = one(default_render, "Service")
+    for hook in hooks.values():
+        url = urlparse(hook["webhook"]["url"])
+        assert url.path in served
+        assert url.hostname == f"{service['metadata']['name']}.cozy-gpu.svc"
+        assert url.port == service["spec"]["ports"][0]["port"]
+        assert re.fullmatch(r"cfg=[0-9a-f]{8}", url.query)
+
+
+def test_every_hook_is_v2_with_the_timeout(default_render: list[dict[str, Any]]) -> None:
+    for hook in hooks_of(default_render).values():
+        assert hook["version"] == "v2"
+        assert hook["webhook"]["timeout"] == "30s"
+    assert {
+        h["webhook"]["timeout"] for h in hooks_of(render("controllers.hookTimeout=45s")).values()
+    } == {"45s"}
+
+
+def test_settings_checksum_changes_hook_urls_when_customize_settings_change(
+    default_render: list[dict[str, Any]],
+) -> None:
+    before = {h["webhook"]["url"] for h in hooks_of(default_render).values()}
+    for change in (
+        "selectors.nodes=nvidia.com/gpu.present=true",
+        "gpu.enabled=true",
+        "license.namespaceLabel=x/y",
+    ):
+        after = {h["webhook"]["url"] for h in hooks_of(render(change)).values()}
+        assert before.isdisjoint(after), change
+    assert before == {h["webhook"]["url"] for h in hooks_of(render("replicas=3")).values()}
+
+
+def test_status_controller_shape(default_render: list[dict[str, Any]]) -> None:
+    spec = one(default_render, "CompositeController")["spec"]
+    assert spec["generateSelector"] is True
+    assert spec["childResources"] == []
+    assert spec["resyncPeriodSeconds"] == 60
+    assert spec["parentResource"] == {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "resource": "gpuclasses",
+        "ignoreStatusChanges": True,
+    }
+
+
+def test_license_controller_shape(default_render: list[dict[str, Any]]) -> None:
+    controller = one(default_render, "DecoratorController")
+    # The decorator's name marks managed copies (hooks.rules.license.DECORATOR_NAME).
+    from hooks.rules.license import DECORATOR_NAME
+
+    assert controller["metadata"]["name"] == DECORATOR_NAME
+    spec = controller["spec"]
+    assert spec["resyncPeriodSeconds"] == 300
+    assert spec["resources"] == [
+        {
+            "apiVersion": "cozystack.io/v1alpha1",
+            "resource": "gpuclasses",
+            "ignoreStatusChanges": True,
+        }
+    ]
+    assert spec["attachments"] == [
+        {"apiVersion": "v1", "resource": "secrets", "updateStrategy": {"method": "InPlace"}}
+    ]
+
+
+def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
+    deployment = one(default_render, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert "memory" in container["resources"]["limits"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    # The only writable place is gunicorn's heartbeat directory, in memory.
+    assert [v["mountPath"] for v in container["volumeMounts"]] == ["/tmp"]
+    assert pod["volumes"] == [
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+    ]
+    assert "--worker-tmp-dir=/tmp" in container["args"]
+    preferred = pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_probe_paths_are_routes_the_app_serves(default_render: list[dict[str, Any]]) -> None:
+    app = create_app(Settings())
+    served = {rule.rule for rule in app.url_map.iter_rules()}
+    container = one(default_render, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {
+        container["livenessProbe"]["httpGet"]["path"],
+        container["readinessProbe"]["httpGet"]["path"],
+    } <= served
+
+
+def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None:
+    env = {
+        e["name"]: e["value"]
+        for e in one(default_render, "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
+    }
+    assert env == {
+        "GPUCLASS_ENABLED": "false",
+        "GPUCLASS_KUBEVIRT_NAMESPACE": "cozy-kubevirt",
+        "GPUCLASS_KUBEVIRT_NAME": "kubevirt",
+        "GPUCLASS_NODE_SELECTOR": "",
+        "GPUCLASS_POD_SELECTOR": "kubevirt.io=virt-launcher",
+        "GPUCLASS_VGPU_NAMESPACE_LABEL": "namespace.cozystack.io/vgpu",
+        "GPUCLASS_LICENSE_NAMESPACES": "cozy-gpu-operator",
+    }
+    # Every variable the chart sets is a real setting, and every value parses.
+    for name in env:
+        assert name.removeprefix("GPUCLASS_").lower() in Settings.model_fields
+    Settings(**{k.removeprefix("GPUCLASS_").lower(): v for k, v in env.items()})
+
+
+def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
+    assert one(default_render, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert by_kind(render("replicas=1"), "PodDisruptionBudget") == []
+    role = one(default_render, "ClusterRole")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["kubevirt.io"],
+            "resources": ["kubevirts"],
+            "resourceNames": ["kubevirt"],
+            "verbs": ["get"],
+        }
+    ]
+    binding = one(default_render, "ClusterRoleBinding")
+    assert (
+        binding["subjects"][0]["name"] == one(default_render, "ServiceAccount")["metadata"]["name"]
+    )
+    assert not by_kind(default_render, "Role")
+
+
+@pytest.mark.parametrize(
+    "value", ["gpuu.enabled=true", "selectors.node=x", "gpuOperator.variant=gpu", "replicas=0"]
+)
+def test_values_schema_rejects_misspelled_or_invalid_values(value: str) -> None:
+    result = helm_run("template", "gpu", str(CHART), "--kube-version", KUBE_VERSION, "--set", value)
+    assert result.returncode != 0
+    assert "schema" in result.stderr
+
+
+def test_every_value_is_documented() -> None:
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(values) == set(schema["properties"])
+    for key in values:
+        assert re.search(rf"#.*\n(?:#.*\n)*{key}:|^{key}:", text, re.M)
+
+
+# --- the CRD --------------------------------------------------------------------------------
+
+
+def crd_schema() -> dict[str, Any]:
+    [version] = crd()["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_crd_is_cluster_scoped_with_status_subresource() -> None:
+    definition = crd()
+    assert definition["metadata"]["name"] == "gpuclasses.cozystack.io"
+    assert definition["spec"]["scope"] == "Cluster"
+    [version] = definition["spec"]["versions"]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+
+
+def test_crd_printer_columns() -> None:
+    [version] = crd()["spec"]["versions"]
+    columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
+    assert columns == [
+        ("Resource", 0),
+        ("Free", 0),
+        ("MaxPerNode", 0),
+        ("Ready", 0),
+        ("Age", 0),
+        ("License", 1),
+    ]
+
+
+def test_crd_name_rule_limits_names_to_dns_labels() -> None:
+    [rule] = crd_schema()["x-kubernetes-validations"]
+    assert "self.metadata.name.size() <= 63" in rule["rule"]
+    pattern = re.search(r"matches\('(.+)'\)", rule["rule"])
+    assert pattern is not None
+    assert re.fullmatch(pattern.group(1), "l40s-24q")
+    assert not re.fullmatch(pattern.group(1), "L40S.24q")
+
+
+def declared_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    paths = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        paths.add(path)
+        paths |= declared_paths(sub, path)
+        if "items" in sub:
+            paths |= declared_paths(sub["items"], f"{path}[]")
+    return paths
+
+
+def produced_paths(value: Any, prefix: str = "") -> set[str]:
+    paths = set()
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            path = f"{prefix}.{key}" if prefix else key
+            paths.add(path)
+            paths |= produced_paths(sub, path)
+    elif isinstance(value, list):
+        for item in value:
+            paths |= produced_paths(item, f"{prefix}[]")
+    return paths
+
+
+def test_crd_status_schema_declares_every_key_the_status_hook_writes(settings: Settings) -> None:
+    client = create_app(settings).test_client()
+    requests = [
+        status_sync_request(
+            licensed_class(),
+            nodes=[node("gpu-1")],
+            secrets=[source_secret(), secret("gpuclass-l40s-license", "b")],
+            namespaces=[namespace("a"), namespace("b")],
+        ),
+        status_sync_request(gpuclass("broken", resource=None)),
+    ]
+    status_schema = crd_schema()["properties"]["status"]
+    declared = declared_paths(status_schema)
+    for request in requests:
+        status = client.post("/status/sync", json=request).json["status"]
+        assert produced_paths(status) <= declared
+        jsonschema.validate(status, openapi_to_jsonschema(status_schema))
+    assert "observedGeneration" in declared  # injected by Metacontroller
+
+
+def openapi_to_jsonschema(schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI v3 structural schemas are JSON Schema but for `x-kubernetes-*` keys (ignored) and
+    `format`; CEL rules are not checked here."""
+    return copy.deepcopy(schema)
+
+
+VALID_CLASSES = [
+    {"resourceName": "nvidia.com/NVIDIA_L40S-24Q"},
+    {
+        "resourceName": "nvidia.com/GH100_H100_PCIE",
+        "displayName": "H100",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    {"resourceName": "nvidia.com/X", "license": {"secretRef": {"name": "tok"}, "featureType": 2}},
+    {
+        "resourceName": "nvidia.com/X",
+        "license": {"secretRef": {"name": "tok", "namespace": "cozy-gpu-operator", "key": "t.tok"}},
+    },
+]
+INVALID_CLASSES = [
+    {},
+    {"resourceName": "gpu"},
+    {"resourceName": "nvidia.com/"},
+    {"resourceName": 5},
+    {"resourceName": "nvidia.com/X", "license": {"secretRef": {"name": "tok"}, "featureType": 0}},
+    {"resourceName": "nvidia.com/X", "license": {"secretRef": {"name": "tok"}, "featureType": 3}},
+    {"resourceName": "nvidia.com/X", "license": {"featureType": 1}},
+    {
+        "resourceName": "nvidia.com/X",
+        "license": {"secretRef": {"name": "tok", "namespace": "Bad_NS"}},
+    },
+]
+# The CRD refuses these, but the hook must cope with them (objects written before a CRD change):
+# the toleration rule says an unknown operator matches nothing.
+REFUSED_BY_CRD_ONLY = [
+    {"resourceName": "nvidia.com/X", "tolerations": [{"key": "k", "operator": "Gt"}]},
+    {"resourceName": "nvidia.com/X", "tolerations": [{"key": "k", "effect": "Sometimes"}]},
+]
+
+
+@pytest.mark.parametrize("spec", VALID_CLASSES)
+def test_sample_gpuclasses_are_valid_against_the_crd(spec: dict[str, Any]) -> None:
+    obj = {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": "c"},
+        "spec": spec,
+    }
+    jsonschema.validate(obj, openapi_to_jsonschema(crd_schema()))
+
+
+@pytest.mark.parametrize("spec", INVALID_CLASSES + REFUSED_BY_CRD_ONLY)
+def test_invalid_gpuclasses_are_refused_by_the_crd(spec: dict[str, Any]) -> None:
+    obj = {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": "c"},
+        "spec": spec,
+    }
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(obj, openapi_to_jsonschema(crd_schema()))
+
+
+def test_crd_and_hook_agree_on_class_specs() -> None:
+    """The CRD refuses what the hook calls InvalidSpec, and accepts what it accepts."""
+    import msgspec
+
+    from hooks.wire.gpuclass import InvalidSpecError, parse_spec
+
+    for spec in VALID_CLASSES + REFUSED_BY_CRD_ONLY:
+        parse_spec(msgspec.Raw(json.dumps(spec).encode()))
+    for spec in INVALID_CLASSES:
+        with pytest.raises(InvalidSpecError):
+            parse_spec(msgspec.Raw(json.dumps(spec).encode()))
+
+
+def test_crd_defaults_match_the_hook_defaults() -> None:
+    from hooks.wire.gpuclass import DEFAULT_TOKEN_KEY
+
+    license = crd_schema()["properties"]["spec"]["properties"]["license"]["properties"]
+    assert license["featureType"]["default"] == 1
+    assert license["secretRef"]["properties"]["key"]["default"] == DEFAULT_TOKEN_KEY
