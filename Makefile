@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HELM_VERSION := v3.22.0
 
-.PHONY: run test lint tools clean
+.PHONY: run test lint tools fuzz clean
 
 $(BIN)/gpuclass-hooks: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ lint: $(BIN)/gpuclass-hooks
 
 test: lint tools
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest
+
+# Coverage-guided fuzzing of the hook routes (atheris); not in CI. FUZZ_SECONDS bounds a run.
+FUZZ_SECONDS ?= 300
+fuzz: $(BIN)/gpuclass-hooks
+	$(BIN)/pip install --quiet atheris
+	mkdir -p .fuzz-corpus && cp examples/*.json .fuzz-corpus/
+	$(BIN)/python fuzz/fuzz_hooks.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .fuzz-corpus
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,8 +1,8 @@
 """create_app(settings): the routes and error handlers, nothing else.
 
-Routes are thin: read the body once as bytes, decode, call the controller, encode, log. The body
-is never parsed by Flask (`get_json` would build a full dict tree of a request that can weigh
-hundreds of megabytes, and keep it until the request ends).
+Routes are thin: read the body once as bytes, decode, call the controller, encode, log, record
+metrics. The body is never parsed by Flask (`get_json` would build a full dict tree of a request
+that can weigh hundreds of megabytes, and keep it until the request ends).
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from flask import Flask, Response, g, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from hooks.auth import TokenFile
 from hooks.controllers import license, status
 from hooks.kubevirt import KubeVirtReader
 from hooks.logs import log
+from hooks.metrics import ClassSample, Metrics
 from hooks.rules.capacity import InvalidObject
 from hooks.settings import Settings
 from hooks.wire.metacontroller import (
@@ -34,7 +37,9 @@ from hooks.wire.metacontroller import (
 )
 
 JSON = "application/json"
+HOOK_PREFIXES = ("/status/", "/license/")
 Clock = Callable[[], datetime]
+Handler = Callable[[bytes], tuple[bytes, dict[str, Any]]]
 
 
 def _utcnow() -> datetime:
@@ -46,7 +51,16 @@ def _json(payload: bytes, code: int = 200) -> Response:
 
 
 def _error(message: str, code: int) -> Response:
-    return _json(msgspec.json.encode({"error": message}), code)
+    response = _json(msgspec.json.encode({"error": message}), code)
+    if code in (401, 413):
+        # The body was not read: closing spares gunicorn from draining it for keep-alive.
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _route() -> str:
+    """The route template (never the raw path, which would explode metric cardinality)."""
+    return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
 class ServiceState:
@@ -69,28 +83,46 @@ def create_app(
     kubevirt: KubeVirtReader | None = None,
     clock: Clock = _utcnow,
     state: ServiceState | None = None,
+    metrics: Metrics | None = None,
 ) -> Flask:
     app = Flask("hooks")
-    reader = kubevirt or KubeVirtReader(settings)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    exported = metrics or Metrics()
+    reader = kubevirt or KubeVirtReader(
+        settings, observe=lambda outcome: exported.kubevirt_reads.labels(outcome=outcome).inc()
+    )
     service = state or ServiceState()
-    app.extensions["gpuclass"] = {"settings": settings, "state": service, "kubevirt": reader}
+    tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+    app.extensions["gpuclass"] = {
+        "settings": settings,
+        "state": service,
+        "kubevirt": reader,
+        "metrics": exported,
+    }
 
-    def hook(route: str, handle: Callable[[bytes], tuple[bytes, dict[str, Any]]]) -> Response:
-        started = time.perf_counter()
-        body = request.get_data(cache=False)
-        fields: dict[str, Any] = {"route": route, "body_bytes": len(body)}
-        try:
-            payload, facts = handle(body)
-        except BadRequest as error:
-            fields.update(outcome="bad_request", error=str(error))
-            response = _error(str(error), 400)
-        else:
-            fields.update(facts)
-            response = _json(payload)
-        fields.update(
-            code=response.status_code, duration_ms=round(1000 * (time.perf_counter() - started), 1)
+    def needs_token(path: str) -> bool:
+        if tokens is None:
+            return False
+        return path.startswith(HOOK_PREFIXES) or (
+            settings.metrics_require_auth and path == "/metrics"
         )
-        log(logging.INFO, "hook call", **fields)
+
+    @app.before_request
+    def authenticate() -> Response | None:
+        g.started = time.perf_counter()
+        # Checked before anything reads the body: an unauthenticated caller costs no decode.
+        if tokens is None or not needs_token(request.path):
+            return None
+        if tokens.accepts(request.headers.get("Authorization")):
+            return None
+        return _error("missing or invalid bearer token", 401)
+
+    @app.after_request
+    def record(response: Response) -> Response:
+        started = g.get("started", time.perf_counter())
+        exported.observe_call(
+            _route(), response.status_code, time.perf_counter() - started, g.get("body_bytes", 0)
+        )
         return response
 
     def warn_invalid(route: str, class_name: str, invalid: Sequence[InvalidObject]) -> None:
@@ -104,6 +136,35 @@ def create_app(
                 objects=[f"{o.kind} {o.name}: {o.reason}" for o in invalid[:20]],
                 count=len(invalid),
             )
+
+    def read_body() -> bytes:
+        """The body, once, as bytes. A declared length over the limit is refused before reading;
+        a chunked body is cut at the limit by Werkzeug, so reaching it means too large."""
+        body = request.get_data(cache=False)
+        if request.content_length is None and len(body) >= settings.max_body_bytes:
+            raise RequestEntityTooLarge()
+        return body
+
+    def hook(route: str, handle: Handler) -> Response:
+        fields: dict[str, Any] = {"route": route}
+        try:
+            body = read_body()
+            g.body_bytes = len(body)
+            fields["body_bytes"] = len(body)
+            payload, facts = handle(body)
+        except BadRequest as error:
+            fields.update(outcome="bad_request", error=str(error))
+            response = _error(str(error), 400)
+        except HTTPException as error:
+            fields.update(outcome="refused", error=error.name)
+            response = _error(error.description or error.name, error.code or 400)
+        else:
+            fields.update(facts)
+            response = _json(payload)
+        duration = time.perf_counter() - g.get("started", time.perf_counter())
+        fields.update(code=response.status_code, duration_ms=round(1000 * duration, 1))
+        log(logging.INFO, "hook call", **fields)
+        return response
 
     @app.post("/status/customize")
     def status_customize() -> Response:
@@ -119,6 +180,20 @@ def create_app(
             sync_request = decode_envelope(body, CompositeSyncRequest)
             outcome = status.sync(sync_request, settings, reader.view, clock())
             warn_invalid("/status/sync", outcome.class_name, outcome.invalid)
+            if outcome.known_classes is not None:
+                exported.classes.retain_only(outcome.known_classes)
+            if outcome.conditions:
+                exported.classes.record(
+                    outcome.class_name,
+                    ClassSample(
+                        resource=outcome.resource,
+                        capacity=outcome.capacity,
+                        free=outcome.free,
+                        max_free_per_node=outcome.max_free_per_node,
+                        conditions=outcome.conditions,
+                        computed_at=exported.classes.now(),
+                    ),
+                )
             facts = {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts}
             return encode(outcome.response), facts
 
@@ -137,10 +212,18 @@ def create_app(
         def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
             outcome = license.sync(decode_envelope(body, DecoratorSyncRequest), settings)
             warn_invalid("/license/sync", outcome.class_name, outcome.invalid)
+            if outcome.plan is not None:
+                exported.classes.record_license(outcome.class_name, len(outcome.plan.copies))
+            elif outcome.outcome in ("unlicensed", "disabled"):
+                exported.classes.forget_license(outcome.class_name)
             facts = {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts}
             return encode(outcome.response), facts
 
         return hook("/license/sync", handle)
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        return Response(generate_latest(exported.registry), mimetype=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> Response:

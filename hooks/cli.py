@@ -6,7 +6,11 @@ Exit codes: 0 on a clean stop, 2 for invalid settings or arguments (one line nam
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
+import ssl
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,12 +62,43 @@ def serve(args: argparse.Namespace) -> int:
                 "loglevel": "warning",
                 "worker_tmp_dir": args.worker_tmp_dir,
             }
+            if settings.tls_cert_file is not None:
+                options.update(
+                    certfile=str(settings.tls_cert_file), keyfile=str(settings.tls_key_file)
+                )
+            if settings.tls_client_ca_file is not None:
+                options.update(
+                    ca_certs=str(settings.tls_client_ca_file), cert_reqs=ssl.CERT_REQUIRED
+                )
+            options["post_worker_init"] = drain_on_sigterm
             for key, value in options.items():
                 if value is not None:
                     self.cfg.set(key, value)
 
         def load(self) -> Any:
             return create_app(settings)
+
+    def drain_on_sigterm(worker: Any) -> None:
+        """SIGTERM: readiness turns false at once, then, after the drain delay (time for the
+        endpoints to drop this pod), gunicorn stops accepting and finishes in-flight calls
+        within its graceful timeout."""
+        stop = worker.handle_exit
+        state = worker.wsgi.extensions["gpuclass"]["state"]
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            state.drain()
+            timer = threading.Timer(settings.shutdown_delay_seconds, stop, args=(signum, frame))
+            timer.daemon = True
+            timer.start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    if args.workers > 1:
+        logs.log(
+            logging.WARNING,
+            "several worker processes: each keeps its own metrics; scrapes see one of them",
+            workers=args.workers,
+        )
 
     HookServer().run()
     return 0

@@ -105,5 +105,5 @@ class KubeVirtReader:
             return KubeVirtFound(
                 msgspec.json.decode(response.content, type=KubeVirt), self._location
             )
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return KubeVirtUnreadable("the KubeVirt object is not valid")

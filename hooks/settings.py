@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hooks.rules.selectors import SelectorError, parse_selector
@@ -37,6 +37,22 @@ class Settings(BaseSettings):
         "namespace.cozystack.io/vgpu"
     )
     license_namespaces: Annotated[tuple[str, ...], NoDecode] = ("cozy-gpu-operator",)
+    auth_token_file: Path | None = None
+    metrics_require_auth: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    # Above the largest cluster the benchmark generates (2,000 nodes, 60,000 pods: ~540 MB).
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 1024**3
+    shutdown_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
+
+    @model_validator(mode="after")
+    def _tls_files_go_together(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("GPUCLASS_TLS_CERT_FILE and GPUCLASS_TLS_KEY_FILE go together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("GPUCLASS_TLS_CLIENT_CA_FILE needs GPUCLASS_TLS_CERT_FILE")
+        return self
 
     @field_validator("node_selector", "pod_selector")
     @classmethod
@@ -98,6 +114,7 @@ class Settings(BaseSettings):
 def describe_error(error: ValidationError) -> str:
     """One line naming the environment variable, for a service that refuses to start."""
     first = error.errors(include_url=False, include_input=False)[0]
-    field = str(first["loc"][0]) if first["loc"] else "settings"
     message = first["msg"].removeprefix("Value error, ")
-    return f"invalid setting GPUCLASS_{field.upper()}: {message}"
+    if not first["loc"]:
+        return f"invalid settings: {message}"
+    return f"invalid setting GPUCLASS_{str(first['loc'][0]).upper()}: {message}"

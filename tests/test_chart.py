@@ -196,6 +196,8 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_POD_SELECTOR": "kubevirt.io=virt-launcher",
         "GPUCLASS_VGPU_NAMESPACE_LABEL": "namespace.cozystack.io/vgpu",
         "GPUCLASS_LICENSE_NAMESPACES": "cozy-gpu-operator",
+        "GPUCLASS_MAX_BODY_BYTES": "1073741824",
+        "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
     }
     # Every variable the chart sets is a real setting, and every value parses.
     for name in env:
@@ -406,3 +408,95 @@ def test_crd_defaults_match_the_hook_defaults() -> None:
     license = crd_schema()["properties"]["spec"]["properties"]["license"]["properties"]
     assert license["featureType"]["default"] == 1
     assert license["secretRef"]["properties"]["key"]["default"] == DEFAULT_TOKEN_KEY
+
+
+# --- authentication and TLS wiring ----------------------------------------------------------
+
+SECURE = ("auth.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true")
+
+
+def container_of(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = one(documents, "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return container
+
+
+def test_auth_and_tls_are_off_by_default(default_render: list[dict[str, Any]]) -> None:
+    for hook in hooks_of(default_render).values():
+        assert set(hook["webhook"]) == {"url", "timeout"}
+        assert hook["webhook"]["url"].startswith("http://")
+    assert by_kind(default_render, "Secret") == []
+    assert by_kind(default_render, "Certificate") == []
+
+
+def test_every_webhook_carries_token_ca_and_client_certificate_when_enabled() -> None:
+    documents = render(*SECURE)
+    [token_secret] = by_kind(documents, "Secret")
+    for hook in hooks_of(documents).values():
+        webhook = hook["webhook"]
+        assert webhook["url"].startswith("https://")
+        assert webhook["authorization"] == {
+            "type": "Bearer",
+            "secretRef": {
+                "name": token_secret["metadata"]["name"],
+                "namespace": "cozy-gpu",
+                "key": "token",
+            },
+        }
+        assert webhook["caBundle"] == {
+            "secretRef": {
+                "name": "gpu-gpuclass-hooks-tls",
+                "namespace": "cozy-gpu",
+                "key": "ca.crt",
+            }
+        }
+        assert webhook["clientTLS"] == {
+            "secretRef": {"name": "gpu-gpuclass-hooks-client", "namespace": "cozy-gpu"}
+        }
+    assert set(token_secret["data"]) == {"token", "accepted-tokens"}
+    assert token_secret["data"]["token"] == token_secret["data"]["accepted-tokens"]
+
+
+def test_cert_manager_issues_ca_server_and_client_certificates() -> None:
+    documents = render(*SECURE)
+    certificates = {c["metadata"]["name"]: c["spec"] for c in by_kind(documents, "Certificate")}
+    assert certificates["gpu-gpuclass-hooks-ca"]["isCA"] is True
+    server = certificates["gpu-gpuclass-hooks-tls"]
+    assert "gpu-gpuclass-hooks.cozy-gpu.svc" in server["dnsNames"]
+    assert "server auth" in server["usages"]
+    assert "client auth" in certificates["gpu-gpuclass-hooks-client"]["usages"]
+    assert by_kind(render("tls.enabled=true", "tls.existingSecret=mine"), "Certificate") == []
+
+
+def test_deployment_gets_the_files_and_settings() -> None:
+    container = container_of(render(*SECURE))
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPUCLASS_AUTH_TOKEN_FILE"] == "/etc/gpuclass-hooks/auth/accepted-tokens"
+    assert env["GPUCLASS_TLS_CERT_FILE"] == "/etc/gpuclass-hooks/tls/tls.crt"
+    assert env["GPUCLASS_TLS_KEY_FILE"] == "/etc/gpuclass-hooks/tls/tls.key"
+    assert env["GPUCLASS_TLS_CLIENT_CA_FILE"] == "/etc/gpuclass-hooks/tls/ca.crt"
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {
+        "/tmp",
+        "/etc/gpuclass-hooks/auth",
+        "/etc/gpuclass-hooks/tls",
+    }
+    assert all(m.get("readOnly") for m in container["volumeMounts"] if m["mountPath"] != "/tmp")
+    Settings(**{k.removeprefix("GPUCLASS_").lower(): v for k, v in env.items()})
+
+
+def test_probes_connect_only_when_client_certificates_are_required() -> None:
+    mtls = container_of(render(*SECURE))
+    assert "tcpSocket" in mtls["livenessProbe"] and "tcpSocket" in mtls["readinessProbe"]
+    https = container_of(render("tls.enabled=true"))
+    assert https["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert container_of(render())["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+
+
+def test_body_limit_and_metrics_auth_reach_the_service() -> None:
+    env = {
+        e["name"]: e["value"]
+        for e in container_of(render("maxBodyBytes=2048", "metrics.requireAuth=true"))["env"]
+    }
+    assert env["GPUCLASS_MAX_BODY_BYTES"] == "2048"
+    assert env["GPUCLASS_METRICS_REQUIRE_AUTH"] == "true"

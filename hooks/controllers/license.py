@@ -204,7 +204,6 @@ def sync(request: DecoratorSyncRequest, settings: Settings) -> LicenseOutcome:
         counts={
             "copies": len(plan.copies),
             "new_copies": plan.new_copies,
-            "foreign": len(plan.foreign),
-            "unmanaged": len(plan.unmanaged),
+            "conflicts": len(plan.foreign) + len(plan.unmanaged),
         },
     )

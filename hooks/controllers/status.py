@@ -64,7 +64,10 @@ class StatusOutcome:
     outcome: str = "ok"
     invalid: tuple[InvalidObject, ...] = ()
     conditions: tuple[Condition, ...] = ()
+    free: int = 0
+    max_free_per_node: int = 0
     plan: LicensePlan | None = None
+    known_classes: tuple[str, ...] | None = None  # every class Metacontroller sent, or None
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -119,7 +122,10 @@ def sync(
     name = parent.metadata.name
     if not settings.enabled:
         return StatusOutcome(
-            CompositeSyncResponse(status={}, children=[]), name, outcome="disabled"
+            CompositeSyncResponse(status={}, children=[]),
+            name,
+            outcome="disabled",
+            known_classes=(),  # nothing is computed: no class exports anything
         )
 
     generation = parent.metadata.generation
@@ -196,6 +202,9 @@ def sync(
         name,
         resource=resource,
         capacity=None if conflicting else capacity,
+        free=status.free,
+        max_free_per_node=status.max_free_per_node,
+        known_classes=tuple({name, *(c.metadata.name for c in classes.objects)}),
         outcome="kubevirt_unreadable" if retry else "ok",
         invalid=tuple(invalid),
         conditions=tuple(conditions),
@@ -204,5 +213,10 @@ def sync(
             "nodes": len(nodes.objects),
             "eligible_nodes": len(capacity.eligible_nodes),
             "counted_pods": capacity.counted_pods,
+            **(
+                {"copies": len(plan.copies), "conflicts": len(plan.foreign) + len(plan.unmanaged)}
+                if plan
+                else {}
+            ),
         },
     )

@@ -34,6 +34,7 @@ TOKEN_MISSING = "TokenMissing"
 NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _OUR_LABELS = (CLASS_LABEL, COPY_LABEL)
 _OUR_ANNOTATIONS = (SOURCE_ANNOTATION, DIGEST_ANNOTATION)
@@ -210,8 +211,8 @@ def plan_license(
     state = source_state(license, allowed_namespaces, source)
     where = "/".join(source_location(license, allowed_namespaces))
     if not emittable(class_name):
-        invalid = InvalidObject("Secret", copy_name(class_name), "copy name would be invalid")
-        return LicensePlan(state, (), 0, (), (), (), (invalid,))
+        refused = InvalidObject("Secret", copy_name(class_name), "copy name would be invalid")
+        return LicensePlan(state, (), 0, (), (), (), (refused,))
 
     managed: dict[str, Secret] = {}
     foreign: set[str] = set(_namespace_of(key) for key in undecodable_same_named)
@@ -227,10 +228,18 @@ def plan_license(
 
     copies: list[SecretCopy] = []
     terminating: list[str] = []
+    invalid: list[InvalidObject] = []
     new_copies = 0
-    entitled = sorted(
-        (n for n in namespaces if is_entitled(n, entitlement_label)), key=lambda n: n.metadata.name
-    )
+    entitled = []
+    for candidate in namespaces:
+        if not is_entitled(candidate, entitlement_label):
+            continue
+        if len(candidate.metadata.name) > 63 or not _DNS_LABEL.match(candidate.metadata.name):
+            # The API server would refuse a copy there: skip it rather than fail the whole apply.
+            invalid.append(InvalidObject("Namespace", candidate.metadata.name, "invalid name"))
+            continue
+        entitled.append(candidate)
+    entitled.sort(key=lambda n: n.metadata.name)
     # A tenant's Secret of that name outside the entitled namespaces is none of our business;
     # an unmanaged copy anywhere still holds a token, so it is always reported.
     foreign &= {n.metadata.name for n in entitled}
@@ -258,6 +267,7 @@ def plan_license(
         foreign=tuple(sorted(foreign)),
         unmanaged=tuple(sorted(unmanaged - foreign)),
         terminating=tuple(terminating),
+        invalid=tuple(invalid),
     )
 
 

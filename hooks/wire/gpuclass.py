@@ -125,5 +125,5 @@ def parse_status(raw: msgspec.Raw) -> GPUClassStatus | None:
         return None
     try:
         return msgspec.json.decode(raw, type=GPUClassStatus)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None

@@ -113,6 +113,8 @@ def decode_envelope(body: bytes, envelope: type[T]) -> T:
         raise BadRequest(f"invalid request envelope: {error}") from None
     except msgspec.DecodeError:
         raise BadRequest("request body is not valid JSON") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
 
 
 def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
@@ -121,7 +123,7 @@ def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
         raise BadRequest(f"request has no {field}")
     try:
         parent = msgspec.json.decode(raw, type=GPUClass)
-    except msgspec.ValidationError as error:
+    except (msgspec.ValidationError, RecursionError) as error:
         raise BadRequest(f"{field} is not a valid object: {error}") from None
     if parent.api_version != GPUCLASS_API_VERSION or parent.kind != GPUCLASS_KIND:
         raise BadRequest(f"{field} is not a {GPUCLASS_API_VERSION} {GPUCLASS_KIND}")
@@ -151,6 +153,6 @@ def decode_group(
     for name, raw in group.items():
         try:
             objects.append(decoder.decode(raw))
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, RecursionError):
             invalid.append(name)
     return DecodedGroup(objects, invalid)

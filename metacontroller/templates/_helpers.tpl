@@ -46,13 +46,51 @@ The service ignores the query parameter.
 {{- define "gpuclass-hooks.hookURL" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
-{{- printf "http://%s.%s.svc:%d%s?cfg=%s" (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) -}}
+{{- printf "%s://%s.%s.svc:%d%s?cfg=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) -}}
 {{- end -}}
 
+{{/* Metacontroller reads these credentials when it builds the controller (see README). */}}
 {{- define "gpuclass-hooks.hook" -}}
 {{- $root := index . 0 -}}
 version: v2
 webhook:
   url: {{ include "gpuclass-hooks.hookURL" . }}
   timeout: {{ $root.Values.controllers.hookTimeout }}
+  {{- if $root.Values.auth.enabled }}
+  authorization:
+    type: Bearer
+    secretRef:
+      name: {{ include "gpuclass-hooks.tokenSecret" $root }}
+      namespace: {{ $root.Release.Namespace }}
+      key: token
+  {{- end }}
+  {{- if $root.Values.tls.enabled }}
+  caBundle:
+    secretRef:
+      name: {{ include "gpuclass-hooks.tlsSecret" $root }}
+      namespace: {{ $root.Release.Namespace }}
+      key: ca.crt
+  {{- if $root.Values.tls.clientAuth.enabled }}
+  clientTLS:
+    secretRef:
+      name: {{ include "gpuclass-hooks.clientSecret" $root }}
+      namespace: {{ $root.Release.Namespace }}
+  {{- end }}
+  {{- end }}
+{{- end -}}
+
+{{- define "gpuclass-hooks.tokenSecret" -}}
+{{- printf "%s-hook-token" (include "gpuclass-hooks.fullname" .) -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.tlsSecret" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-tls" (include "gpuclass-hooks.fullname" .)) -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.clientSecret" -}}
+{{- .Values.tls.clientAuth.existingSecret | default (printf "%s-client" (include "gpuclass-hooks.fullname" .)) -}}
+{{- end -}}
+
+{{- define "gpuclass-hooks.scheme" -}}
+{{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
 {{- end -}}

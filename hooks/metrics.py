@@ -1,0 +1,182 @@
+"""Prometheus metrics: per-class capacity and use, and the hooks' own traffic.
+
+Class series come from a custom collector over the latest computation of each class, so that a
+series can disappear: series older than three resync periods are dropped at scrape, and a class
+missing from a sync's full class list is forgotten at once. That is also why the service runs one
+process with threads: prometheus-client's multiprocess mode cannot remove a series.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hooks.rules.capacity import Capacity
+from hooks.wire.kube import Condition
+
+STATUS_RESYNC_SECONDS = 60
+STALE_AFTER_SECONDS = 3 * STATUS_RESYNC_SECONDS
+BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+
+
+@dataclass(frozen=True)
+class ClassSample:
+    """One class's last computation; capacity is None for a class that exports no inventory."""
+
+    resource: str | None
+    capacity: Capacity | None
+    free: int
+    max_free_per_node: int
+    conditions: tuple[Condition, ...]
+    computed_at: float
+
+
+@dataclass(frozen=True)
+class LicenseSample:
+    copies: int
+    computed_at: float
+
+
+class ClassCollector(Collector):
+    """Thread-safe store of the latest sample per class, exported at scrape time."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._classes: dict[str, ClassSample] = {}
+        self._licenses: dict[str, LicenseSample] = {}
+
+    def record(self, name: str, sample: ClassSample) -> None:
+        with self._lock:
+            self._classes[name] = sample
+
+    def record_license(self, name: str, copies: int) -> None:
+        with self._lock:
+            self._licenses[name] = LicenseSample(copies, self._clock())
+
+    def forget_license(self, name: str) -> None:
+        with self._lock:
+            self._licenses.pop(name, None)
+
+    def retain_only(self, names: Iterable[str]) -> None:
+        """Forget every class not in the full class list a sync just saw (deleted classes)."""
+        keep = set(names)
+        with self._lock:
+            for store in (self._classes, self._licenses):
+                for name in [n for n in store if n not in keep]:
+                    del store[name]
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _fresh(self) -> tuple[dict[str, ClassSample], dict[str, LicenseSample]]:
+        oldest = self._clock() - STALE_AFTER_SECONDS
+        with self._lock:
+            for store in (self._classes, self._licenses):
+                for name in [n for n, s in store.items() if s.computed_at < oldest]:
+                    del store[name]
+            return dict(self._classes), dict(self._licenses)
+
+    def collect(self) -> Iterator[Metric]:
+        classes, licenses = self._fresh()
+        labels = ["class", "resource", "eligible"]
+        capacity = GaugeMetricFamily(
+            "cozystack_gpu_class_capacity_units",
+            "Allocatable units of the class's resource, over eligible nodes and over the other "
+            "nodes that advertise it",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "cozystack_gpu_class_used_units",
+            "Effective requested units of the class's resource, split like capacity",
+            labels=labels,
+        )
+        free = GaugeMetricFamily(
+            "cozystack_gpu_class_free_units", "The class's status.free", labels=["class"]
+        )
+        max_free = GaugeMetricFamily(
+            "cozystack_gpu_class_max_free_per_node_units",
+            "The class's status.maxFreePerNode",
+            labels=["class"],
+        )
+        condition = GaugeMetricFamily(
+            "cozystack_gpu_class_condition",
+            "1 per class and condition type, labelled with its current status and reason",
+            labels=["class", "type", "status", "reason"],
+        )
+        last_sync = GaugeMetricFamily(
+            "cozystack_gpu_class_last_sync_timestamp_seconds",
+            "When this replica last computed the class's status",
+            labels=["class"],
+        )
+        copies = GaugeMetricFamily(
+            "cozystack_gpu_class_license_copies",
+            "Entitled namespaces holding a license copy of the class",
+            labels=["class"],
+        )
+        for name, sample in sorted(classes.items()):
+            last_sync.add_metric([name], sample.computed_at)
+            for item in sample.conditions:
+                condition.add_metric([name, item.type, item.status, item.reason], 1.0)
+            if sample.capacity is None or sample.resource is None:
+                continue
+            free.add_metric([name], sample.free)
+            max_free.add_metric([name], sample.max_free_per_node)
+            for eligible in (True, False):
+                total, use = sample.capacity.totals(eligible=eligible)
+                flag = "true" if eligible else "false"
+                capacity.add_metric([name, sample.resource, flag], total)
+                used.add_metric([name, sample.resource, flag], use)
+        for name, license_sample in sorted(licenses.items()):
+            copies.add_metric([name], license_sample.copies)
+        yield from (capacity, used, free, max_free, condition, last_sync, copies)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class Metrics:
+    """Everything the service exports, in its own registry (one per app, so tests are isolated)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.classes = ClassCollector(clock)
+        self.registry.register(self.classes)
+        self.requests = Counter(
+            "cozystack_gpu_hook_requests_total",
+            "Hook calls by route template and HTTP code",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cozystack_gpu_hook_request_duration_seconds",
+            "Time to answer a hook call, by route template",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.body_bytes = Histogram(
+            "cozystack_gpu_hook_request_body_bytes",
+            "Size of hook request bodies, by route template",
+            ["route"],
+            buckets=BODY_BUCKETS,
+            registry=self.registry,
+        )
+        self.kubevirt_reads = Counter(
+            "cozystack_gpu_kubevirt_reads_total",
+            "Reads of the KubeVirt CR by outcome (found, absent, unreadable)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+    def observe_call(self, route: str, code: int, seconds: float, body_bytes: int) -> None:
+        self.requests.labels(route=route, code=str(code)).inc()
+        self.latency.labels(route=route).observe(seconds)
+        self.body_bytes.labels(route=route).observe(body_bytes)

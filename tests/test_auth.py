@@ -1,0 +1,119 @@
+"""Bearer authentication of the hook routes and the request body limit."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+
+from hooks.app import create_app
+from hooks.settings import Settings
+from tests.builders import gpuclass, license_sync_request, status_sync_request
+
+
+@pytest.fixture
+def hook_tokens(tmp_path: Path) -> Path:
+    path = tmp_path / "hook-tokens"
+    path.write_text("first-token\n")
+    return path
+
+
+def client_for(settings: Settings, **update: object) -> FlaskClient:
+    return create_app(settings.model_copy(update=update)).test_client()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+BODY = status_sync_request(gpuclass("a"))
+BODIES = {
+    "/status/sync": BODY,
+    "/status/customize": {"parent": gpuclass("a")},
+    "/license/sync": license_sync_request(gpuclass("a"), secrets=[], namespaces=[]),
+    "/license/customize": {"parent": gpuclass("a")},
+}
+
+
+@pytest.mark.parametrize("route", sorted(BODIES))
+def test_every_hook_route_requires_the_token(
+    settings: Settings, hook_tokens: Path, route: str
+) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens)
+    body = BODIES[route]
+    missing = client.post(route, json=body)
+    assert missing.status_code == 401
+    assert missing.json == {"error": "missing or invalid bearer token"}
+    assert client.post(route, json=body, headers=bearer("wrong")).status_code == 401
+    assert (
+        client.post(
+            route, json=body, headers={"Authorization": "Basic Zmlyc3QtdG9rZW4="}
+        ).status_code
+        == 401
+    )
+    assert client.post(route, json=body, headers=bearer("first-token")).status_code == 200
+
+
+def test_token_is_checked_before_the_body_is_read(settings: Settings, hook_tokens: Path) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens)
+    response = client.post("/status/sync", data=b"{not json at all", headers=bearer("wrong"))
+    assert response.status_code == 401
+    assert response.headers["Connection"] == "close"
+
+
+def test_token_rotation_without_restart(settings: Settings, hook_tokens: Path) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens)
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
+    hook_tokens.write_text("first-token\n  second-token  \n")
+    assert client.post("/status/sync", json=BODY, headers=bearer("second-token")).status_code == 200
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
+    hook_tokens.write_text("second-token\n")
+    os.utime(hook_tokens, ns=(1, 1))  # a same-size rewrite within one mtime tick still counts
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 401
+
+
+def test_missing_token_file_refuses_everything(settings: Settings, tmp_path: Path) -> None:
+    client = client_for(settings, auth_token_file=tmp_path / "absent")
+    assert client.post("/status/sync", json=BODY, headers=bearer("")).status_code == 401
+
+
+def test_probes_stay_open_and_metrics_open_by_default(
+    settings: Settings, hook_tokens: Path
+) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens)
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/metrics").status_code == 200
+
+
+def test_metrics_can_require_the_token(settings: Settings, hook_tokens: Path) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens, metrics_require_auth=True)
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers=bearer("first-token")).status_code == 200
+    assert client.get("/healthz").status_code == 200
+
+
+def test_bodies_over_the_limit_get_413_without_being_read(settings: Settings) -> None:
+    client = client_for(settings, max_body_bytes=2048)
+    response = client.post("/status/sync", data=b"x" * 4096, content_type="application/json")
+    assert response.status_code == 413
+    assert set(response.json) == {"error"}
+    assert response.headers["Connection"] == "close"
+    assert client.post("/status/sync", json=BODY).status_code == 200
+
+
+def test_chunked_body_over_the_limit_gets_413(settings: Settings) -> None:
+    client = client_for(settings, max_body_bytes=2048)
+
+    # No Content-Length: the limit is enforced while reading the stream. gunicorn marks a
+    # chunked body as terminated, which is what lets Werkzeug read it at all.
+    response = client.post(
+        "/status/sync",
+        input_stream=io.BytesIO(b"x" * 10240),
+        headers={"Transfer-Encoding": "chunked"},
+        environ_overrides={"wsgi.input_terminated": True},
+    )
+    assert response.status_code == 413

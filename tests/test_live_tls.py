@@ -1,0 +1,117 @@
+"""The real server over HTTPS, with certificates made in the test; and its shutdown."""
+
+from __future__ import annotations
+
+import signal
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import trustme
+
+from tests.apiserver import KUBEVIRT_PATH, FakeApiServer, kubevirt_cr
+from tests.builders import GPU
+from tests.live import live_server
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, str]:
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("metacontroller.metacontroller.svc")
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key", "client")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    return {name: str(path) for name, path in paths.items()}
+
+
+def test_https_only_with_a_server_certificate(
+    pki: dict[str, str], apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    env = {
+        "GPUCLASS_TLS_CERT_FILE": pki["cert"],
+        "GPUCLASS_TLS_KEY_FILE": pki["key"],
+        "GPUCLASS_KUBE_API": apiserver.url,
+    }
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    with live_server(env, tmp_path, scheme="https", verify=pki["ca"]) as server:
+        response = requests.post(
+            f"{server.url}/status/sync", data=body, verify=pki["ca"], timeout=10
+        )
+        assert response.status_code == 200
+        assert response.json()["status"]["free"] == 1
+        plain = server.url.replace("https://", "http://")
+        with pytest.raises(requests.RequestException):
+            requests.post(f"{plain}/status/sync", data=body, timeout=5)
+
+
+def test_client_certificates_required_with_a_client_ca(
+    pki: dict[str, str], apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    env = {
+        "GPUCLASS_TLS_CERT_FILE": pki["cert"],
+        "GPUCLASS_TLS_KEY_FILE": pki["key"],
+        "GPUCLASS_TLS_CLIENT_CA_FILE": pki["ca"],
+        "GPUCLASS_KUBE_API": apiserver.url,
+    }
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    cert = (pki["client"], pki["client"])
+    with live_server(env, tmp_path, scheme="https", verify=pki["ca"], cert=cert) as server:
+        ok = requests.post(
+            f"{server.url}/status/sync", data=body, verify=pki["ca"], cert=cert, timeout=10
+        )
+        assert ok.status_code == 200
+        with pytest.raises((requests.exceptions.SSLError, requests.exceptions.ConnectionError)):
+            requests.post(f"{server.url}/status/sync", data=body, verify=pki["ca"], timeout=10)
+        other_ca = trustme.CA().issue_cert("intruder")
+        intruder = tmp_path / "intruder.pem"
+        other_ca.private_key_and_cert_chain_pem.write_to_path(str(intruder))
+        with pytest.raises(
+            (requests.exceptions.SSLError, requests.exceptions.ConnectionError, ssl.SSLError)
+        ):
+            requests.post(
+                f"{server.url}/status/sync",
+                data=body,
+                verify=pki["ca"],
+                cert=(str(intruder), str(intruder)),
+                timeout=10,
+            )
+
+
+def test_sigterm_turns_readiness_false_then_drains_in_flight_calls(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    # A slow KubeVirt read keeps one sync in flight across the SIGTERM.
+    apiserver.serve(KUBEVIRT_PATH, 200, kubevirt_cr(GPU), delay=2.0)
+    env = {
+        "GPUCLASS_KUBE_API": apiserver.url,
+        "GPUCLASS_SHUTDOWN_DELAY_SECONDS": "1",
+        "GPUCLASS_KUBE_TIMEOUT_SECONDS": "5",
+    }
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    with live_server(env, tmp_path) as server:
+        results: dict[str, int] = {}
+
+        def call() -> None:
+            results["sync"] = requests.post(
+                f"{server.url}/status/sync", data=body, timeout=20
+            ).status_code
+
+        in_flight = threading.Thread(target=call)
+        in_flight.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 503
+        in_flight.join(timeout=20)
+        assert results == {"sync": 200}
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - started < 25

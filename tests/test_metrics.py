@@ -1,0 +1,207 @@
+"""Metrics after syncing sample classes, through the routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from hooks.app import create_app
+from hooks.metrics import STALE_AFTER_SECONDS, Metrics
+from hooks.settings import Settings
+from tests.apiserver import KUBEVIRT_PATH, FakeApiServer
+from tests.builders import (
+    gpuclass,
+    license_sync_request,
+    licensed_class,
+    namespace,
+    node,
+    pod,
+    source_secret,
+    status_sync_request,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def client(settings: Settings, clock: Clock) -> FlaskClient:
+    return create_app(settings, metrics=Metrics(clock)).test_client()
+
+
+def scrape(client: FlaskClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.mimetype == "text/plain"
+    samples = {}
+    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def series(samples: dict[Any, float], name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (metric, labels), value in samples.items() if metric == name}
+
+
+def cluster_request(
+    parent: dict[str, Any], classes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return status_sync_request(
+        parent,
+        nodes=[
+            node("gpu-1", gpus=4),
+            node("gpu-2", gpus=2, unschedulable=True),
+            node("cpu", gpus=None),
+        ],
+        pods=[pod("a", node_name="gpu-1", gpus=1), pod("b", node_name="gpu-2", gpus=2)],
+        classes=classes,
+    )
+
+
+def labels(**kwargs: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(kwargs.items()))
+
+
+def test_capacity_and_use_split_by_eligibility(client: FlaskClient) -> None:
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    samples = scrape(client)
+    resource = "nvidia.com/NVIDIA_L40S-24Q"
+    assert series(samples, "cozystack_gpu_class_capacity_units") == {
+        labels(**{"class": "l40s", "resource": resource, "eligible": "true"}): 4.0,
+        labels(**{"class": "l40s", "resource": resource, "eligible": "false"}): 2.0,
+    }
+    assert series(samples, "cozystack_gpu_class_used_units") == {
+        labels(**{"class": "l40s", "resource": resource, "eligible": "true"}): 1.0,
+        labels(**{"class": "l40s", "resource": resource, "eligible": "false"}): 2.0,
+    }
+    assert series(samples, "cozystack_gpu_class_free_units") == {labels(**{"class": "l40s"}): 3.0}
+    assert series(samples, "cozystack_gpu_class_max_free_per_node_units") == {
+        labels(**{"class": "l40s"}): 3.0
+    }
+    ready = labels(**{"class": "l40s", "type": "Ready", "status": "True", "reason": "Ready"})
+    assert series(samples, "cozystack_gpu_class_condition")[ready] == 1.0
+    assert len(series(samples, "cozystack_gpu_class_condition")) == 4
+
+
+def test_conflicting_class_exports_no_inventory(client: FlaskClient) -> None:
+    older = gpuclass("a-old", created="2025-01-01T00:00:00Z")
+    younger = gpuclass("b-new", created="2026-01-01T00:00:00Z")
+    client.post("/status/sync", json=cluster_request(younger, [older, younger]))
+    samples = scrape(client)
+    for name in (
+        "cozystack_gpu_class_capacity_units",
+        "cozystack_gpu_class_used_units",
+        "cozystack_gpu_class_free_units",
+        "cozystack_gpu_class_max_free_per_node_units",
+    ):
+        assert series(samples, name) == {}
+    conflict = labels(
+        **{
+            "class": "b-new",
+            "type": "ResourceNameConflict",
+            "status": "True",
+            "reason": "OlderClassHasResource",
+        }
+    )
+    assert series(samples, "cozystack_gpu_class_condition")[conflict] == 1.0
+
+
+def test_deleted_class_series_disappear_when_time_advances(
+    client: FlaskClient, clock: Clock
+) -> None:
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    clock.now += STALE_AFTER_SECONDS - 1
+    assert series(scrape(client), "cozystack_gpu_class_free_units")
+    assert series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds") == {
+        labels(**{"class": "l40s"}): 1_800_000_000.0
+    }
+    clock.now += 2
+    samples = scrape(client)
+    assert series(samples, "cozystack_gpu_class_free_units") == {}
+    assert series(samples, "cozystack_gpu_class_last_sync_timestamp_seconds") == {}
+
+
+def test_class_missing_from_a_sync_class_list_is_forgotten_at_once(client: FlaskClient) -> None:
+    first, second = gpuclass("a"), gpuclass("b", resource="nvidia.com/OTHER")
+    client.post("/status/sync", json=cluster_request(first, [first, second]))
+    client.post("/status/sync", json=cluster_request(second, [first, second]))
+    assert len(series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds")) == 2
+    client.post("/status/sync", json=cluster_request(second, [second]))
+    assert list(series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds")) == [
+        labels(**{"class": "b"})
+    ]
+
+
+def test_one_value_per_series_the_most_recent(client: FlaskClient) -> None:
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    request = cluster_request(gpuclass("l40s"))
+    request["related"]["Pod.v1"] = {}
+    client.post("/status/sync", json=request)
+    assert series(scrape(client), "cozystack_gpu_class_free_units") == {
+        labels(**{"class": "l40s"}): 4.0
+    }
+
+
+def test_license_copies_gauge(client: FlaskClient) -> None:
+    request = license_sync_request(
+        licensed_class(), secrets=[source_secret()], namespaces=[namespace("a"), namespace("b")]
+    )
+    client.post("/license/sync", json=request)
+    assert series(scrape(client), "cozystack_gpu_class_license_copies") == {
+        labels(**{"class": "l40s"}): 2.0
+    }
+    client.post(
+        "/license/sync", json=license_sync_request(gpuclass("l40s"), secrets=[], namespaces=[])
+    )
+    assert series(scrape(client), "cozystack_gpu_class_license_copies") == {}
+
+
+def test_hook_metrics_by_route_template_and_code(client: FlaskClient) -> None:
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    client.post("/status/sync", data=b"nope")
+    client.post("/nowhere/at/all", data=b"x")
+    samples = scrape(client)
+    requests = series(samples, "cozystack_gpu_hook_requests_total")
+    assert requests[labels(route="/status/sync", code="200")] == 1.0
+    assert requests[labels(route="/status/sync", code="400")] == 1.0
+    assert requests[labels(route="unmatched", code="404")] == 1.0
+    assert (
+        series(samples, "cozystack_gpu_hook_request_duration_seconds_count")[
+            labels(route="/status/sync")
+        ]
+        == 2.0
+    )
+    sizes = series(samples, "cozystack_gpu_hook_request_body_bytes_sum")
+    assert sizes[labels(route="/status/sync")] > 1000
+
+
+def test_kubevirt_reads_by_outcome(client: FlaskClient, apiserver: FakeApiServer) -> None:
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    apiserver.serve(KUBEVIRT_PATH, 500, {})
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    reads = series(scrape(client), "cozystack_gpu_kubevirt_reads_total")
+    assert reads == {labels(outcome="found"): 1.0, labels(outcome="unreadable"): 1.0}
+
+
+def test_disabled_exports_no_class_series(settings: Settings, clock: Clock) -> None:
+    metrics = Metrics(clock)
+    create_app(settings, metrics=metrics).test_client().post(
+        "/status/sync", json=cluster_request(gpuclass("a"))
+    )
+    off = create_app(settings.model_copy(update={"enabled": False}), metrics=metrics).test_client()
+    off.post("/status/sync", json=cluster_request(gpuclass("a")))
+    assert series(scrape(off), "cozystack_gpu_class_last_sync_timestamp_seconds") == {}
