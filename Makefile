@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 HELM_VERSION := v3.22.0
 
-.PHONY: run test lint tools fuzz clean
+.PHONY: run test lint tools fuzz bench clean
 
 $(BIN)/gpuclass-hooks: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,17 @@ $(BIN)/helm: | $(BIN)/gpuclass-hooks
 tools: $(BIN)/helm
 
 lint: $(BIN)/gpuclass-hooks
-	$(BIN)/ruff check hooks tests
-	$(BIN)/ruff format --check hooks tests
+	$(BIN)/ruff check hooks tests bench fuzz
+	$(BIN)/ruff format --check hooks tests bench fuzz
 	$(BIN)/mypy
 
 test: lint tools
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest
+
+# Speed and memory on generated clusters. SIZES=S,M,L for the full run (a few minutes, ~6 GB).
+SIZES ?= S,M
+bench: $(BIN)/gpuclass-hooks
+	$(BIN)/python -m bench.run --sizes $(SIZES)
 
 # Coverage-guided fuzzing of the hook routes (atheris); not in CI. FUZZ_SECONDS bounds a run.
 FUZZ_SECONDS ?= 300

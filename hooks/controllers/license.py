@@ -7,6 +7,7 @@ changes nothing, and a plan that cannot be computed safely returns the attachmen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from hooks.rules.capacity import InvalidObject
@@ -27,13 +28,12 @@ from hooks.wire.metacontroller import (
     BadRequest,
     CustomizeRequest,
     CustomizeResponse,
-    DecoratorSyncRequest,
+    DecodedGroup,
+    DecoratorSync,
     DecoratorSyncResponse,
     LabelSelector,
-    RawGroups,
     RelatedRule,
     decode_gpuclass,
-    decode_group,
 )
 
 STALE_RULES_RETRY_SECONDS = 10.0
@@ -101,11 +101,11 @@ class LicenseInputs:
 
 
 def license_inputs(
-    gpuclass: GPUClass, license: License, related: RawGroups, settings: Settings
+    gpuclass: GPUClass, license: License, related: Mapping[str, DecodedGroup], settings: Settings
 ) -> LicenseInputs | None:
     """None when a group the customize rules ask for is missing (stale cached rules)."""
-    secrets = decode_group(related, SECRETS, Secret)
-    namespaces = decode_group(related, NAMESPACES, Namespace)
+    secrets = related.get(SECRETS)
+    namespaces = related.get(NAMESPACES)
     if secrets is None or namespaces is None:
         return None
     source_key = "/".join(source_location(license, settings.license_namespaces))
@@ -153,12 +153,12 @@ def _respond(copies: tuple[SecretCopy, ...], retry: float | None = None) -> Deco
     return DecoratorSyncResponse(attachments=list(copies), status=None, resync_after_seconds=retry)
 
 
-def sync(request: DecoratorSyncRequest, settings: Settings) -> LicenseOutcome:
+def sync(request: DecoratorSync, settings: Settings) -> LicenseOutcome:
     target = decode_gpuclass(request.object, "object")
     name = target.metadata.name
     if request.attachments is None:
         raise BadRequest("request has no attachments")
-    attached = decode_group(request.attachments, SECRETS, Secret)
+    attached = request.attachments.get(SECRETS)
     if attached is not None and attached.invalid:
         raise BadRequest(f"{len(attached.invalid)} attachments do not decode")
     observed = {
@@ -181,7 +181,7 @@ def sync(request: DecoratorSyncRequest, settings: Settings) -> LicenseOutcome:
     if spec.license is None:
         return LicenseOutcome(_respond(()), name, outcome="unlicensed")
 
-    inputs = license_inputs(target, spec.license, request.related or {}, settings)
+    inputs = license_inputs(target, spec.license, request.related, settings)
     if inputs is None:
         return LicenseOutcome(
             _respond(keep_all(observed), STALE_RULES_RETRY_SECONDS),

@@ -33,20 +33,19 @@ from hooks.rules.license import LicensePlan, copy_name
 from hooks.rules.permission import KubeVirtUnreadable, KubeVirtView, permission_condition
 from hooks.settings import Settings
 from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
-from hooks.wire.kube import Condition, GPUClass, Node, Pod
+from hooks.wire.kube import Condition, GPUClass
 from hooks.wire.metacontroller import (
     GPUCLASSES,
     NODES,
     PODS,
     ClassStatus,
-    CompositeSyncRequest,
+    CompositeSync,
     CompositeSyncResponse,
     CustomizeRequest,
     CustomizeResponse,
     DecodedGroup,
     RelatedRule,
     decode_gpuclass,
-    decode_group,
 )
 
 KUBEVIRT_RETRY_SECONDS = 10.0
@@ -113,7 +112,7 @@ def _group_invalid(kind: str, group: DecodedGroup) -> list[InvalidObject]:
 
 
 def sync(
-    request: CompositeSyncRequest,
+    request: CompositeSync,
     settings: Settings,
     read_kubevirt: Callable[[], KubeVirtView],
     now: datetime,
@@ -144,9 +143,9 @@ def sync(
             conditions=tuple(conditions),
         )
 
-    nodes = decode_group(request.related, NODES, Node)
-    pods = decode_group(request.related, PODS, Pod)
-    classes = decode_group(request.related, GPUCLASSES, GPUClass)
+    nodes = request.related.get(NODES)
+    pods = request.related.get(PODS)
+    classes = request.related.get(GPUCLASSES)
     license_input = (
         license_inputs(parent, spec.license, request.related, settings) if spec.license else None
     )

@@ -15,9 +15,11 @@ def is_absent(raw: msgspec.Raw) -> bool:
     return len(raw) == 0 or bytes(raw) == b"null"
 
 
-class _Wire(msgspec.Struct, kw_only=True, rename="camel", frozen=True):
+class _Wire(msgspec.Struct, kw_only=True, rename="camel", frozen=True, gc=False):
     """Base of every decoded Kubernetes subset: camelCase on the wire, immutable in the rules
-    (each subclass repeats `frozen=True` so that type checkers see it too)."""
+    (each subclass repeats `frozen=True` so that type checkers see it too). `gc=False`: these
+    structs hold only strings, numbers and containers, so they can never form a reference cycle,
+    and leaving millions of them out of the cyclic GC halves the decode time of a large request."""
 
 
 class OwnerReference(_Wire, frozen=True):

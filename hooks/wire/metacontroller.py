@@ -8,11 +8,12 @@ fails a sync on one. Fields that would be empty are omitted, never sent empty: `
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
 
-from hooks.wire.kube import Condition, GPUClass, is_absent
+from hooks.wire.kube import Condition, GPUClass, Namespace, Node, Pod, Secret, is_absent
 
 GPUCLASS_API_VERSION = "cozystack.io/v1alpha1"
 GPUCLASS_KIND = "GPUClass"
@@ -137,6 +138,108 @@ class DecodedGroup(msgspec.Struct, frozen=True):
 
     objects: list[Any]
     invalid: list[str]
+
+
+# The kinds the hooks read, by group key; any other group is skipped unread.
+GROUP_KINDS: dict[str, type] = {
+    NODES: Node,
+    PODS: Pod,
+    GPUCLASSES: GPUClass,
+    SECRETS: Secret,
+    NAMESPACES: Namespace,
+}
+
+
+class _TypedGroups(msgspec.Struct):
+    nodes: dict[str, Node] | None = msgspec.field(default=None, name=NODES)
+    pods: dict[str, Pod] | None = msgspec.field(default=None, name=PODS)
+    classes: dict[str, GPUClass] | None = msgspec.field(default=None, name=GPUCLASSES)
+    secrets: dict[str, Secret] | None = msgspec.field(default=None, name=SECRETS)
+    namespaces: dict[str, Namespace] | None = msgspec.field(default=None, name=NAMESPACES)
+
+    def as_groups(self) -> dict[str, DecodedGroup]:
+        present = {
+            NODES: self.nodes,
+            PODS: self.pods,
+            GPUCLASSES: self.classes,
+            SECRETS: self.secrets,
+            NAMESPACES: self.namespaces,
+        }
+        return {k: DecodedGroup(list(v.values()), []) for k, v in present.items() if v is not None}
+
+
+class _TypedCompositeSync(msgspec.Struct):
+    parent: msgspec.Raw = msgspec.Raw()
+    related: _TypedGroups = msgspec.field(default_factory=_TypedGroups)
+
+
+class _TypedDecoratorSync(msgspec.Struct):
+    object: msgspec.Raw = msgspec.Raw()
+    attachments: _TypedGroups | None = None
+    related: _TypedGroups = msgspec.field(default_factory=_TypedGroups)
+
+
+@dataclass(frozen=True)
+class CompositeSync:
+    """A decoded sync request: the parent still raw, each group present decoded."""
+
+    parent: msgspec.Raw
+    related: Mapping[str, DecodedGroup]
+
+
+@dataclass(frozen=True)
+class DecoratorSync:
+    object: msgspec.Raw
+    attachments: Mapping[str, DecodedGroup] | None
+    related: Mapping[str, DecodedGroup]
+
+
+def _decode_groups(groups: Mapping[str, Mapping[str, msgspec.Raw]]) -> dict[str, DecodedGroup]:
+    decoded = {}
+    for key, kind in GROUP_KINDS.items():
+        group = decode_group(groups, key, kind)
+        if group is not None:
+            decoded[key] = group
+    return decoded
+
+
+_COMPOSITE = msgspec.json.Decoder(_TypedCompositeSync)
+_DECORATOR = msgspec.json.Decoder(_TypedDecoratorSync)
+
+
+def _typed_pass(decoder: msgspec.json.Decoder[T], body: bytes) -> T | None:
+    """One typed pass over the body; None when some object does not fit its type."""
+    try:
+        return decoder.decode(body)
+    except (msgspec.ValidationError, RecursionError):
+        return None
+    except msgspec.DecodeError:
+        raise BadRequest("request body is not valid JSON") from None
+
+
+def decode_composite_sync(body: bytes) -> CompositeSync:
+    """One typed pass over the body, which is what a large request costs. Only when some object
+    does not fit its type is the request decoded again, object by object, so that one bad object
+    is skipped instead of sinking the request."""
+    typed = _typed_pass(_COMPOSITE, body)
+    if typed is not None:
+        return CompositeSync(typed.parent, typed.related.as_groups())
+    raw = decode_envelope(body, CompositeSyncRequest)
+    return CompositeSync(raw.parent, _decode_groups(raw.related))
+
+
+def decode_decorator_sync(body: bytes) -> DecoratorSync:
+    """Like decode_composite_sync, for a DecoratorController's sync request."""
+    typed = _typed_pass(_DECORATOR, body)
+    if typed is not None:
+        attachments = typed.attachments.as_groups() if typed.attachments is not None else None
+        return DecoratorSync(typed.object, attachments, typed.related.as_groups())
+    raw = decode_envelope(body, DecoratorSyncRequest)
+    return DecoratorSync(
+        raw.object,
+        _decode_groups(raw.attachments) if raw.attachments is not None else None,
+        _decode_groups(raw.related or {}),
+    )
 
 
 def decode_group(

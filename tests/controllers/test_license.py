@@ -9,7 +9,7 @@ from hooks.settings import Settings
 from hooks.wire.metacontroller import (
     BadRequest,
     CustomizeRequest,
-    DecoratorSyncRequest,
+    decode_decorator_sync,
     decode_envelope,
     encode,
 )
@@ -27,7 +27,7 @@ from tests.builders import (
 
 
 def run(request: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
-    decoded = decode_envelope(json.dumps(request).encode(), DecoratorSyncRequest)
+    decoded = decode_decorator_sync(json.dumps(request).encode())
     return msgspec.json.decode(encode(license.sync(decoded, settings or Settings()).response))
 
 
@@ -162,7 +162,7 @@ def test_invalid_spec_keeps_every_managed_copy() -> None:
     ],
 )
 def test_unusable_requests_are_refused(body: dict[str, Any], message: str) -> None:
-    decoded = decode_envelope(json.dumps(body).encode(), DecoratorSyncRequest)
+    decoded = decode_decorator_sync(json.dumps(body).encode())
     with pytest.raises(BadRequest, match=message):
         license.sync(decoded, Settings())
 

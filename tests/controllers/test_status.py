@@ -10,8 +10,8 @@ from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtVi
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from hooks.wire.metacontroller import (
-    CompositeSyncRequest,
     CustomizeRequest,
+    decode_composite_sync,
     decode_envelope,
     encode,
 )
@@ -28,7 +28,7 @@ def run(
     settings: Settings | None = None,
     now: datetime = NOW,
 ) -> dict[str, Any]:
-    decoded = decode_envelope(json.dumps(request).encode(), CompositeSyncRequest)
+    decoded = decode_composite_sync(json.dumps(request).encode())
     outcome = status.sync(decoded, settings or Settings(), lambda: view, now)
     return msgspec.json.decode(encode(outcome.response))
 
@@ -177,7 +177,7 @@ def test_invalid_objects_are_skipped_and_reported_without_failing() -> None:
     request = cluster()
     request["related"]["Node.v1"]["bad"] = {"metadata": {"name": "bad"}, "spec": {"taints": "oops"}}
     request["related"]["Pod.v1"]["tenant-a/broken"] = pod("broken", node_name="gpu-2", gpus="2.5")
-    decoded = decode_envelope(json.dumps(request).encode(), CompositeSyncRequest)
+    decoded = decode_composite_sync(json.dumps(request).encode())
     outcome = status.sync(decoded, Settings(), lambda: PERMITTED, NOW)
     assert {(o.kind, o.name) for o in outcome.invalid} == {
         ("Node", "bad"),

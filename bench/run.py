@@ -1,0 +1,340 @@
+"""Benchmark: decode + rules, the HTTP round trip, and memory, on generated clusters.
+
+    python -m bench.run                 # sizes S and M
+    python -m bench.run --sizes S,M,L   # everything (L builds a ~0.5 GB request; a few minutes)
+
+For each size, on the same request bodies: the hook in process (decode, rules, encode), the full
+HTTP round trip against `gpuclass-hooks serve` on loopback with the serving worker's peak RSS, the
+decode floor (one msgspec pass into the same typed structures, nothing else), and the common
+approach (json.loads and dict walking). Every method must produce the same status; the table
+gives medians, ratios to the floor and to the common approach, and MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import requests
+
+from bench.cluster import GPU_RESOURCES, Cluster, generate, license_sync_body, status_sync_body
+from bench.common import free_units
+from hooks.controllers import license, status
+from hooks.rules.permission import KubeVirtFound
+from hooks.settings import Settings
+from hooks.wire.kube import GPUClass, KubeVirt, Namespace, Node, Pod, Secret
+from hooks.wire.metacontroller import decode_composite_sync, decode_decorator_sync, encode
+
+MB = 1024 * 1024
+CONCURRENCY = 5
+KUBEVIRT = {
+    "spec": {
+        "configuration": {
+            "permittedHostDevices": {
+                "pciHostDevices": [
+                    {"pciVendorSelector": "10DE:26B9", "resourceName": r} for r in GPU_RESOURCES
+                ]
+            }
+        }
+    }
+}
+
+
+class _FloorGroups(msgspec.Struct):
+    nodes: dict[str, Node] = msgspec.field(default_factory=dict, name="Node.v1")
+    pods: dict[str, Pod] = msgspec.field(default_factory=dict, name="Pod.v1")
+    classes: dict[str, GPUClass] = msgspec.field(
+        default_factory=dict, name="GPUClass.cozystack.io/v1alpha1"
+    )
+    secrets: dict[str, Secret] = msgspec.field(default_factory=dict, name="Secret.v1")
+    namespaces: dict[str, Namespace] = msgspec.field(default_factory=dict, name="Namespace.v1")
+
+
+class _Floor(msgspec.Struct):
+    parent: GPUClass
+    related: _FloorGroups
+
+
+_FLOOR = msgspec.json.Decoder(_Floor)
+
+
+def decode_floor(body: bytes) -> Any:
+    """The fastest available decoding into just the fields the rules read: one typed pass."""
+    return _FLOOR.decode(body)
+
+
+def in_process(body: bytes, settings: Settings, view: KubeVirtFound) -> bytes:
+    outcome = status.sync(decode_composite_sync(body), settings, lambda: view, datetime.now(UTC))
+    return encode(outcome.response)
+
+
+def median_seconds(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+@contextmanager
+def kubevirt_api() -> Iterator[str]:
+    payload = json.dumps(KUBEVIRT).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
+def _kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Server:
+    url: str
+    master: subprocess.Popen[bytes]
+
+    def worker_pid(self) -> int:
+        children = (
+            Path(f"/proc/{self.master.pid}/task/{self.master.pid}/children").read_text().split()
+        )
+        return int(children[0])
+
+    def peak_rss_mb(self) -> float:
+        return _kib(self.worker_pid(), "VmHWM") / 1024
+
+    def rss_mb(self) -> float:
+        return _kib(self.worker_pid(), "VmRSS") / 1024
+
+
+@contextmanager
+def serve(api: str, threads: int) -> Iterator[Server]:
+    with tempfile.TemporaryDirectory() as tmp:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = dict(
+            os.environ,
+            GPUCLASS_KUBE_API=api,
+            GPUCLASS_KUBE_TOKEN_FILE=f"{tmp}/none",
+            GPUCLASS_KUBEVIRT_CACHE_SECONDS="60",
+        )
+        log = Path(tmp, "serve.log").open("wb")  # noqa: SIM115 - open as long as the server runs
+        master = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hooks.cli",
+                "serve",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--threads",
+                str(threads),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(200):
+                try:
+                    requests.get(f"{url}/readyz", timeout=1)
+                    break
+                except requests.RequestException:
+                    time.sleep(0.1)
+            yield Server(url, master)
+        finally:
+            master.send_signal(signal.SIGTERM)
+            master.wait(timeout=60)
+            log.close()
+
+
+def post(url: str, body: bytes) -> bytes:
+    response = requests.post(
+        url, data=body, headers={"Content-Type": "application/json"}, timeout=120
+    )
+    response.raise_for_status()
+    return response.content
+
+
+@dataclass
+class Row:
+    size: str
+    method: str
+    seconds: float
+    megabytes: float | None = None
+
+
+def bench_size(
+    size: str, repeat: int, api: str, rows: list[Row], checks: list[tuple[str, bool, str]]
+) -> None:
+    cluster: Cluster = generate(size)
+    settings = Settings(kube_api=api)
+    view = KubeVirtFound(msgspec.convert(KUBEVIRT, KubeVirt), "cozy-kubevirt/kubevirt")
+    # Feed the status back as the parent's: the hook is idempotent, so every later answer, in
+    # process or over HTTP, must be byte-for-byte the same.
+    first = json.loads(in_process(status_sync_body(cluster), settings, view))
+    body = status_sync_body(cluster, parent_status=first["status"])
+    body_mb = len(body) / MB
+    selected_mb = len(status_sync_body(cluster, selected=True)) / MB
+    print(
+        f"[{size}] {len(cluster.nodes)} nodes, {len(cluster.pods)} pods: "
+        f"/status/sync body {body_mb:.1f} MB, with the documented selectors {selected_mb:.1f} MB",
+        flush=True,
+    )
+
+    floor_s, _ = median_seconds(lambda: decode_floor(body), repeat)
+    ours_s, ours = median_seconds(lambda: in_process(body, settings, view), repeat)
+    common_s, common = median_seconds(lambda: free_units(body), max(1, min(repeat, 2)))
+    expected = json.loads(ours)
+    with serve(api, threads=CONCURRENCY) as server:
+        idle_mb = server.rss_mb()
+        http_s, answer = median_seconds(lambda: post(f"{server.url}/status/sync", body), repeat)
+        single_peak = server.peak_rss_mb()
+        license_body = license_sync_body(cluster)
+        license_s, license_answer = median_seconds(
+            lambda: post(f"{server.url}/license/sync", license_body), repeat
+        )
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            started = time.perf_counter()
+            answers = list(
+                pool.map(lambda _: post(f"{server.url}/status/sync", body), range(CONCURRENCY))
+            )
+            concurrent_s = time.perf_counter() - started
+        concurrent_peak = server.peak_rss_mb()
+        after_mb = server.rss_mb()
+    local_license = encode(license.sync(decode_decorator_sync(license_body), settings).response)
+
+    rows += [
+        Row(size, "decode floor (msgspec, one typed pass)", floor_s),
+        Row(size, "hook in process (decode + rules + encode)", ours_s),
+        Row(size, "HTTP round trip (gpuclass-hooks serve)", http_s, single_peak),
+        Row(size, f"{CONCURRENCY} concurrent HTTP requests (wall)", concurrent_s, concurrent_peak),
+        Row(size, "common approach (json.loads + dicts)", common_s),
+        Row(size, "/license/sync HTTP round trip", license_s),
+    ]
+    print(f"[{size}] worker RSS idle {idle_mb:.0f} MB, after the run {after_mb:.0f} MB", flush=True)
+
+    same = (
+        json.loads(answer) == expected
+        and all(json.loads(a) == expected for a in answers)
+        and (expected["status"]["free"], expected["status"]["maxFreePerNode"]) == common
+        and json.loads(license_answer) == json.loads(local_license)
+    )
+    checks.append(
+        (
+            f"{size}: every method produced the same status",
+            same,
+            "free={free} maxFreePerNode={maxFreePerNode}".format(**expected["status"]),
+        )
+    )
+    if size in ("M", "L"):
+        checks.append(
+            (
+                f"{size}: in process <= 1.5x floor",
+                ours_s <= 1.5 * floor_s,
+                f"{ours_s / floor_s:.2f}x",
+            )
+        )
+        bound = 2 * body_mb + 150
+        checks.append(
+            (
+                f"{size}: peak RSS <= 2x body + 150 MB ({bound:.0f} MB)",
+                single_peak <= bound,
+                f"{single_peak:.0f} MB",
+            )
+        )
+        checks.append(
+            (
+                f"{size}: {CONCURRENCY} concurrent within {CONCURRENCY}x the bound",
+                concurrent_peak <= CONCURRENCY * bound,
+                f"{concurrent_peak:.0f} MB",
+            )
+        )
+    if size == "M":
+        checks.append(("M: HTTP <= 3x floor", http_s <= 3 * floor_s, f"{http_s / floor_s:.2f}x"))
+        checks.append(
+            (
+                "M: HTTP >= 10x faster than the common approach",
+                common_s >= 10 * http_s,
+                f"{common_s / http_s:.1f}x",
+            )
+        )
+    if size == "L":
+        checks.append(("L: well inside the 30 s hook timeout", http_s <= 10, f"{http_s:.1f} s"))
+
+
+def print_table(rows: list[Row]) -> None:
+    floors = {r.size: r.seconds for r in rows if r.method.startswith("decode floor")}
+    commons = {r.size: r.seconds for r in rows if r.method.startswith("common")}
+    header = ("size", "method", "median s", "x floor", "x common", "peak MB")
+    print("\n{:<4} {:<44} {:>9} {:>8} {:>9} {:>8}".format(*header))
+    for r in rows:
+        mb = f"{r.megabytes:.0f}" if r.megabytes is not None else ""
+        print(
+            f"{r.size:<4} {r.method:<44} {r.seconds:>9.3f} {r.seconds / floors[r.size]:>8.2f} "
+            f"{r.seconds / commons[r.size]:>9.3f} {mb:>8}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="S,M", help="comma-separated: S, M, L (default S,M)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per method (median)")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    checks: list[tuple[str, bool, str]] = []
+    with kubevirt_api() as api:
+        for size in args.sizes.split(","):
+            bench_size(size.strip(), args.repeat, api, rows, checks)
+    print_table(rows)
+    print()
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The benchmark's generator and its equality check, on size S (timings are not tested)."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from bench.cluster import GPU_RESOURCES, generate, license_sync_body, status_sync_body
+from bench.common import free_units
+from bench.run import KUBEVIRT, decode_floor, in_process
+from hooks.controllers import license
+from hooks.rules.permission import KubeVirtFound
+from hooks.settings import Settings
+from hooks.wire.kube import KubeVirt
+from hooks.wire.metacontroller import decode_decorator_sync, encode
+
+VIEW = KubeVirtFound(msgspec.convert(KUBEVIRT, KubeVirt), "cozy-kubevirt/kubevirt")
+
+
+def test_generator_is_seeded_and_realistic() -> None:
+    cluster = generate("S")
+    assert generate("S") == cluster
+    assert generate("S", seed=8) != cluster
+    assert (len(cluster.nodes), len(cluster.pods)) == (50, 1500)
+    node_kb = sum(map(len, cluster.nodes.values())) / len(cluster.nodes) / 1024
+    pod_kb = sum(map(len, cluster.pods.values())) / len(cluster.pods) / 1024
+    assert 8 <= node_kb <= 12
+    assert 6.5 <= pod_kb <= 9.5
+    nodes = [json.loads(n) for n in cluster.nodes.values()]
+    pods = [json.loads(p) for p in cluster.pods.values()]
+    assert all({"images", "conditions", "addresses"} <= set(n["status"]) for n in nodes)
+    assert all("managedFields" in n["metadata"] for n in nodes)
+    assert any(GPU_RESOURCES[0] in n["status"]["allocatable"] for n in nodes)
+    assert any(GPU_RESOURCES[1] in n["status"]["allocatable"] for n in nodes)
+    assert any(n["spec"].get("taints") for n in nodes)
+    assert all(len(p["spec"]["containers"]) >= 2 and p["spec"]["volumes"] for p in pods)
+    assert any(
+        c.get("restartPolicy") == "Always" for p in pods for c in p["spec"]["initContainers"]
+    )
+    assert all("containerStatuses" in p["status"] for p in pods)
+
+
+def test_every_method_produces_the_same_status_on_size_s() -> None:
+    cluster = generate("S")
+    settings = Settings()
+    first = json.loads(in_process(status_sync_body(cluster), settings, VIEW))
+    body = status_sync_body(cluster, parent_status=first["status"])
+    again = json.loads(in_process(body, settings, VIEW))
+    assert again == first
+    assert (first["status"]["free"], first["status"]["maxFreePerNode"]) == free_units(body)
+    floor = decode_floor(body)
+    assert len(floor.related.nodes) == 50
+    assert len(floor.related.pods) == 1500
+    assert first["status"]["conditions"][-1]["reason"] == "Ready"
+
+
+def test_selectors_keep_requests_small() -> None:
+    cluster = generate("S")
+    assert len(status_sync_body(cluster, selected=True)) * 5 < len(status_sync_body(cluster))
+
+
+def test_license_request_of_the_benchmark() -> None:
+    cluster = generate("S")
+    outcome = license.sync(decode_decorator_sync(license_sync_body(cluster)), Settings())
+    assert len(json.loads(encode(outcome.response))["attachments"]) == 20
