@@ -199,7 +199,7 @@ def create_app(
                     outcome.class_name,
                     ClassSample(
                         resource=outcome.resource,
-                        capacity=outcome.capacity,
+                        capacity=outcome.capacity if outcome.exports_inventory else None,
                         free=outcome.free,
                         max_free_per_node=outcome.max_free_per_node,
                         conditions=outcome.conditions,

@@ -1,6 +1,7 @@
-"""gpuclass-hooks: `serve` runs the hooks under gunicorn.
+"""gpuclass-hooks: `serve` runs the hooks under gunicorn; `plan` shows what they would do on a
+cluster dump, offline.
 
-Exit codes: 0 on a clean stop, 2 for invalid settings or arguments (one line naming the problem).
+Exit codes: 0 when it ran, 2 for invalid settings, arguments or input (one line naming the problem).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from hooks.settings import Settings, describe_error
 EXIT_USAGE = 2
 
 
-def _load_settings() -> Settings:
+def _load_settings(**overrides: Any) -> Settings:
     try:
-        return Settings()
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as error:
         print(describe_error(error), file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
@@ -104,6 +105,50 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(args: argparse.Namespace) -> int:
+    import json
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    import yaml
+
+    from hooks import plan as planner
+    from hooks.rules.selectors import RuleError
+
+    settings = _load_settings(
+        enabled=args.enabled,
+        node_selector=args.node_selector,
+        pod_selector=args.pod_selector,
+        vgpu_namespace_label=args.vgpu_namespace_label,
+        license_namespaces=args.license_namespaces,
+    )
+    try:
+        inventory = planner.load([Path(f) for f in args.files], settings)
+        plans = planner.plan_cluster(inventory, settings, datetime.now(UTC))
+    except (planner.PlanInputError, RuleError) as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.explain and args.explain not in {p.name for p in plans}:
+        print(f"plan: no class named {args.explain} in the input", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output == "table":
+        sys.stdout.write(planner.render_text(plans, inventory, args.explain))
+        return 0
+    doc = planner.document(plans, inventory, args.explain)
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return 0
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false"):
+        raise argparse.ArgumentTypeError("must be true or false")
+    return lowered == "true"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuclass-hooks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="gunicorn's heartbeat directory (a memory-backed emptyDir in the chart)",
     )
     run.set_defaults(handler=serve)
+
+    offline = commands.add_parser(
+        "plan",
+        help="what the hooks would do on a cluster dump, offline",
+        description="Reads `kubectl get nodes,pods,namespaces,secrets,gpuclasses -A -o json` "
+        "(and the KubeVirt CR) and runs both hooks on it. Settings as for serve (GPUCLASS_*), "
+        "or the flags below. Token values are never printed.",
+    )
+    offline.add_argument("files", nargs="+", metavar="FILE", help="JSON or YAML: Lists or objects")
+    offline.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    offline.add_argument(
+        "--explain", metavar="CLASS", help="per node: counts or why not, use, free"
+    )
+    offline.add_argument("--enabled", type=_bool, help="GPU features on or off (GPUCLASS_ENABLED)")
+    offline.add_argument("--node-selector", help="as GPUCLASS_NODE_SELECTOR")
+    offline.add_argument("--pod-selector", help="as GPUCLASS_POD_SELECTOR")
+    offline.add_argument("--vgpu-namespace-label", help="as GPUCLASS_VGPU_NAMESPACE_LABEL")
+    offline.add_argument("--license-namespaces", help="as GPUCLASS_LICENSE_NAMESPACES")
+    offline.set_defaults(handler=plan)
     return parser
 
 

@@ -59,7 +59,8 @@ class StatusOutcome:
     response: CompositeSyncResponse
     class_name: str
     resource: str | None = None
-    capacity: Capacity | None = None  # None when the class exports no capacity (conflict, ...)
+    capacity: Capacity | None = None  # what the nodes hold, when the spec could be read
+    exports_inventory: bool = False  # a conflicting class reports zero and exports no inventory
     outcome: str = "ok"
     invalid: tuple[InvalidObject, ...] = ()
     conditions: tuple[Condition, ...] = ()
@@ -200,7 +201,8 @@ def sync(
         CompositeSyncResponse(status=status, children=[], resync_after_seconds=retry),
         name,
         resource=resource,
-        capacity=None if conflicting else capacity,
+        capacity=capacity,
+        exports_inventory=not conflicting,
         free=status.free,
         max_free_per_node=status.max_free_per_node,
         known_classes=tuple({name, *(c.metadata.name for c in classes.objects)}),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from hooks.wire.metacontroller import LabelSelector, Requirement
+from hooks.wire.metacontroller import LabelSelector, RelatedRule, Requirement
 
 _KEY = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?/)?[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?"
 _VALUE = r"(?:[a-z0-9A-Z](?:[-a-z0-9A-Z_.]*[a-z0-9A-Z])?)?"
@@ -80,3 +80,43 @@ def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) 
         if labels.get(key) != value:
             return False
     return all(requirement_matches(r, labels) for r in selector.match_expressions or [])
+
+
+class RuleError(ValueError):
+    """A related-resource rule Metacontroller refuses (it fails the parent's sync)."""
+
+
+def check_rule(rule: RelatedRule) -> None:
+    """Metacontroller's own refusals: a label selector beside names or a namespace, and a
+    namespace beside a namespace selector."""
+    if rule.label_selector is not None and (rule.names or rule.namespace):
+        raise RuleError(
+            f"{rule.api_version} {rule.resource}: labelSelector cannot be combined with "
+            "names or namespace"
+        )
+    if rule.namespace and rule.namespace_selector is not None:
+        raise RuleError(
+            f"{rule.api_version} {rule.resource}: namespace cannot be combined with "
+            "namespaceSelector"
+        )
+
+
+def rule_selects(
+    rule: RelatedRule,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    namespace_labels: Mapping[str, str],
+) -> bool:
+    """Whether Metacontroller would send this object for the rule (the parent is cluster-scoped).
+    `names: []` and an omitted selector both mean "no filter"."""
+    check_rule(rule)
+    if rule.namespace and namespace != rule.namespace:
+        return False
+    if rule.names and name not in rule.names:
+        return False
+    if rule.namespace_selector is not None and not selector_matches(
+        rule.namespace_selector, namespace_labels
+    ):
+        return False
+    return selector_matches(rule.label_selector, labels)

@@ -1,0 +1,401 @@
+"""gpuclass-hooks plan: what the hooks would do on a cluster, from a dump, offline.
+
+It runs the hooks' own code, not a second implementation: each class's customize answers select
+the related objects with Metacontroller's semantics, the sync requests are built as Metacontroller
+would send them, and the status and license controllers answer them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from hooks.controllers import license, status
+from hooks.controllers.license import LicenseOutcome
+from hooks.controllers.status import StatusOutcome
+from hooks.rules.capacity import Capacity
+from hooks.rules.conditions import LICENSE_COPY_CONFLICT, READY, READY_BLOCKERS
+from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
+from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.rules.selectors import check_rule, rule_selects
+from hooks.settings import Settings
+from hooks.wire.kube import KubeVirt, Secret
+from hooks.wire.metacontroller import (
+    GPUCLASS_API_VERSION,
+    GPUCLASS_KIND,
+    GPUCLASSES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SECRETS,
+    CustomizeRequest,
+    RelatedRule,
+    decode_composite_sync,
+    decode_decorator_sync,
+)
+
+# The kinds plan reads, by (apiVersion, kind), and where Metacontroller puts them.
+RESOURCES = {
+    ("v1", "Node"): ("v1", "nodes"),
+    ("v1", "Pod"): ("v1", "pods"),
+    ("v1", "Namespace"): ("v1", "namespaces"),
+    ("v1", "Secret"): ("v1", "secrets"),
+    (GPUCLASS_API_VERSION, GPUCLASS_KIND): (GPUCLASS_API_VERSION, "gpuclasses"),
+}
+GROUP_KEYS = {
+    ("v1", "nodes"): NODES,
+    ("v1", "pods"): PODS,
+    ("v1", "namespaces"): NAMESPACES,
+    ("v1", "secrets"): SECRETS,
+    (GPUCLASS_API_VERSION, "gpuclasses"): GPUCLASSES,
+}
+NAMESPACED = {"pods", "secrets"}
+REDACTED = "<redacted: compare the token-sha256 annotation>"
+# The conditions whose True (or Unknown) status is a problem; Ready is a problem when not True.
+PROBLEMS = (*READY_BLOCKERS, LICENSE_COPY_CONFLICT)
+
+
+class PlanInputError(ValueError):
+    """Unreadable input: the message is one line naming the file and the problem."""
+
+
+@dataclass
+class Inventory:
+    objects: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    kubevirt: dict[str, Any] | None = None
+    unknown: int = 0
+
+
+def _documents(path: Path) -> list[Any]:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise PlanInputError(
+            f"{path}: cannot read: {getattr(error, 'strerror', None) or error}"
+        ) from None
+    try:
+        if text.lstrip().startswith(("{", "[")):
+            return [json.loads(text)]
+        return list(yaml.safe_load_all(text))
+    except (ValueError, yaml.YAMLError) as error:
+        problem = str(error).splitlines()[0]
+        raise PlanInputError(f"{path}: not JSON or YAML: {problem}") from None
+
+
+def _objects(path: Path, document: Any) -> Iterator[dict[str, Any]]:
+    if document is None:
+        return
+    if isinstance(document, list):
+        for item in document:
+            yield from _objects(path, item)
+        return
+    if not isinstance(document, dict):
+        raise PlanInputError(
+            f"{path}: expected Kubernetes objects, found {type(document).__name__}"
+        )
+    if str(document.get("kind", "")).endswith("List") and isinstance(document.get("items"), list):
+        for item in document["items"]:
+            yield from _objects(path, item)
+        return
+    metadata = document.get("metadata")
+    if not (
+        isinstance(document.get("kind"), str)
+        and isinstance(document.get("apiVersion"), str)
+        and isinstance(metadata, dict)
+        and isinstance(metadata.get("name"), str)
+    ):
+        raise PlanInputError(f"{path}: an object has no kind, apiVersion or metadata.name")
+    yield document
+
+
+def load(paths: Iterable[Path], settings: Settings) -> Inventory:
+    """Every object of the files, by resource; the KubeVirt CR the settings name; a count of the
+    objects of other kinds (ignored)."""
+    inventory = Inventory()
+    for path in paths:
+        for obj in (o for document in _documents(path) for o in _objects(path, document)):
+            api_version, kind, metadata = obj["apiVersion"], obj["kind"], obj["metadata"]
+            if api_version.startswith("kubevirt.io/") and kind == "KubeVirt":
+                if (metadata.get("namespace"), metadata["name"]) == (
+                    settings.kubevirt_namespace,
+                    settings.kubevirt_name,
+                ):
+                    inventory.kubevirt = obj
+                continue
+            resource = RESOURCES.get((api_version, kind))
+            if resource is None:
+                inventory.unknown += 1
+                continue
+            inventory.objects.setdefault(resource, []).append(obj)
+    return inventory
+
+
+def _key(obj: dict[str, Any], resource: str) -> str:
+    metadata = obj["metadata"]
+    return (
+        f"{metadata.get('namespace', '')}/{metadata['name']}"
+        if resource in NAMESPACED
+        else metadata["name"]
+    )
+
+
+def select_related(
+    rules: Iterable[RelatedRule], inventory: Inventory
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The related map Metacontroller would send: a group for every rule, even when nothing
+    matched. Raises RuleError for a rule Metacontroller refuses."""
+    namespace_labels = {
+        ns["metadata"]["name"]: ns["metadata"].get("labels") or {}
+        for ns in inventory.objects.get(("v1", "namespaces"), [])
+    }
+    related: dict[str, dict[str, dict[str, Any]]] = {}
+    for rule in rules:
+        check_rule(rule)
+        resource = (rule.api_version, rule.resource)
+        group = related.setdefault(GROUP_KEYS[resource], {})
+        for obj in inventory.objects.get(resource, []):
+            metadata = obj["metadata"]
+            namespace = metadata.get("namespace", "")
+            if rule_selects(
+                rule,
+                metadata["name"],
+                namespace,
+                metadata.get("labels") or {},
+                namespace_labels.get(namespace, {}),
+            ):
+                group[_key(obj, rule.resource)] = obj
+    return related
+
+
+def _bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    name: str
+    status: StatusOutcome
+    license: LicenseOutcome
+
+    @property
+    def license_plan(self) -> LicensePlan | None:
+        return self.license.plan
+
+
+def kubevirt_view(inventory: Inventory, settings: Settings) -> KubeVirtView:
+    location = f"{settings.kubevirt_namespace}/{settings.kubevirt_name}"
+    if inventory.kubevirt is None:
+        return KubeVirtUnreadable(f"KubeVirt {location} is not in the input files")
+    try:
+        return KubeVirtFound(msgspec.convert(inventory.kubevirt, KubeVirt), location)
+    except msgspec.ValidationError:
+        return KubeVirtUnreadable(f"KubeVirt {location} in the input is not valid")
+
+
+def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> list[ClassPlan]:
+    """Each class through both hooks, as Metacontroller would call them."""
+    view = kubevirt_view(inventory, settings)
+    secrets = inventory.objects.get(("v1", "secrets"), [])
+    plans = []
+    classes = inventory.objects.get((GPUCLASS_API_VERSION, "gpuclasses"), [])
+    for gpuclass in sorted(classes, key=lambda c: c["metadata"]["name"]):
+        customize = CustomizeRequest(parent=msgspec.Raw(_bytes(gpuclass)))
+        related = select_related(status.customize(customize, settings).related_resources, inventory)
+        status_body = _bytes(
+            {"parent": gpuclass, "children": {}, "related": related, "finalizing": False}
+        )
+        status_outcome = status.sync(
+            decode_composite_sync(status_body), settings, lambda: view, now
+        )
+
+        uid = gpuclass["metadata"].get("uid", "")
+        attached = {
+            _key(s, "secrets"): s
+            for s in secrets
+            if is_managed_copy(msgspec.convert(s, Secret), uid)
+        }
+        license_related = select_related(
+            license.customize(customize, settings).related_resources, inventory
+        )
+        license_body = _bytes(
+            {"object": gpuclass, "attachments": {SECRETS: attached}, "related": license_related}
+        )
+        license_outcome = license.sync(decode_decorator_sync(license_body), settings)
+        plans.append(ClassPlan(gpuclass["metadata"]["name"], status_outcome, license_outcome))
+    return plans
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def redacted(attachment: dict[str, Any]) -> dict[str, Any]:
+    """An attachment as plan shows it: every data value but the generated gridd.conf hidden."""
+    data = {k: v if k == GRIDD_KEY else REDACTED for k, v in attachment.get("data", {}).items()}
+    return {**attachment, "data": data}
+
+
+def status_of(plan: ClassPlan) -> dict[str, Any]:
+    built: dict[str, Any] = msgspec.to_builtins(plan.status.response.status)
+    return built
+
+
+def problems(status_doc: dict[str, Any]) -> list[str]:
+    """`Type: Reason` of every condition that is not fine."""
+    found = []
+    for condition in status_doc.get("conditions", []):
+        kind, state = condition["type"], condition["status"]
+        if (kind == READY and state != "True") or (kind in PROBLEMS and state != "False"):
+            found.append(f"{kind}: {condition['reason']}")
+    return found
+
+
+def _ready(status_doc: dict[str, Any]) -> str:
+    ready = [c for c in status_doc.get("conditions", []) if c["type"] == READY]
+    return ready[0]["status"] if ready else "-"
+
+
+def license_summary(plan: ClassPlan) -> dict[str, Any] | None:
+    license_plan = plan.license_plan
+    if license_plan is None:
+        return None
+    skipped = [
+        *(
+            {"namespace": n, "why": "holds a Secret of the copy's name that is not a managed copy"}
+            for n in license_plan.foreign
+        ),
+        *(
+            {"namespace": n, "why": "holds a copy with our labels that no class manages"}
+            for n in license_plan.unmanaged
+        ),
+        *({"namespace": n, "why": "terminating: no new copy"} for n in license_plan.terminating),
+        *(
+            {"namespace": o.name, "why": o.reason}
+            for o in license_plan.invalid
+            if o.kind == "Namespace"
+        ),
+    ]
+    return {
+        "source": {
+            "usable": license_plan.source.usable,
+            "reason": license_plan.source.reason,
+            "message": license_plan.source.message,
+        },
+        "copies": sorted(c.metadata.namespace for c in license_plan.copies),
+        "skipped": sorted(skipped, key=lambda s: s["namespace"]),
+    }
+
+
+def explain(plan: ClassPlan) -> list[dict[str, Any]]:
+    capacity: Capacity | None = plan.status.capacity
+    if capacity is None:
+        return []
+    return [
+        {
+            "node": node.name,
+            "counts": node.eligible,
+            "whyNot": node.not_eligible_because,
+            "allocatable": node.allocatable,
+            "used": node.used,
+            "free": node.free if node.eligible else None,
+            "pods": [{"pod": use.pod, "units": use.units} for use in node.pods],
+        }
+        for node in capacity.nodes
+    ]
+
+
+def document(
+    plans: list[ClassPlan], inventory: Inventory, explain_class: str | None
+) -> dict[str, Any]:
+    """The machine-readable plan: the exact status and (redacted) attachments of each class."""
+    classes = []
+    for plan in plans:
+        entry: dict[str, Any] = {
+            "name": plan.name,
+            "resource": plan.status.resource,
+            "status": status_of(plan),
+            "attachments": [
+                redacted(msgspec.to_builtins(a)) for a in plan.license.response.attachments
+            ],
+            "license": license_summary(plan),
+        }
+        if plan.name == explain_class:
+            entry["nodes"] = explain(plan)
+        classes.append(entry)
+    return {
+        "classes": classes,
+        "kubevirtFound": inventory.kubevirt is not None,
+        "ignoredObjects": inventory.unknown,
+    }
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def render_text(plans: list[ClassPlan], inventory: Inventory, explain_class: str | None) -> str:
+    doc = document(plans, inventory, explain_class)
+    rows = [["CLASS", "RESOURCE", "FREE", "MAX/NODE", "READY", "NOT FINE"]]
+    for entry in doc["classes"]:
+        status_doc = entry["status"]
+        rows.append(
+            [
+                entry["name"],
+                entry["resource"] or "-",
+                str(status_doc.get("free", "-")),
+                str(status_doc.get("maxFreePerNode", "-")),
+                _ready(status_doc),
+                ", ".join(problems(status_doc)) or "-",
+            ]
+        )
+    out = [_table(rows)]
+    for entry in doc["classes"]:
+        summary = entry["license"]
+        if summary is None:
+            continue
+        source = summary["source"]
+        state = "usable" if source["usable"] else f"NOT usable ({source['reason']})"
+        out.append(f"\nLicense copies of {entry['name']}: source {state}: {source['message']}")
+        out.append(f"  copy in:  {', '.join(summary['copies']) or '-'}")
+        skipped = [f"{s['namespace']} ({s['why']})" for s in summary["skipped"]]
+        out.append(f"  skipped:  {'; '.join(skipped) or '-'}")
+    for entry in doc["classes"]:
+        if "nodes" in entry:
+            out.append(render_explain(entry))
+    if not doc["kubevirtFound"]:
+        out.append("\nNo KubeVirt CR in the input: ResourceNameNotPermitted is Unknown.")
+    if doc["ignoredObjects"]:
+        count = doc["ignoredObjects"]
+        out.append(f"\nIgnored {count} object{'s' if count != 1 else ''} of other kinds.")
+    return "\n".join(out) + "\n"
+
+
+def render_explain(entry: dict[str, Any]) -> str:
+    rows = [["NODE", "COUNTS", "WHY NOT", "ALLOCATABLE", "USED", "FREE", "PODS"]]
+    for node in entry["nodes"]:
+        pods = ", ".join(f"{p['pod']} ({p['units']})" for p in node["pods"]) or "-"
+        rows.append(
+            [
+                node["node"],
+                "yes" if node["counts"] else "no",
+                node["whyNot"] or "-",
+                str(node["allocatable"]),
+                str(node["used"]),
+                "-" if node["free"] is None else str(node["free"]),
+                pods,
+            ]
+        )
+    header = f"\nNodes advertising {entry['resource']} for {entry['name']}:"
+    if len(rows) == 1:
+        return f"{header} none"
+    return f"{header}\n{_table(rows)}"

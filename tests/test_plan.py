@@ -1,0 +1,344 @@
+"""gpuclass-hooks plan: selection semantics, the example cluster, --explain, and equality with
+the hooks' own answers for the same objects."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hooks import plan as planner
+from hooks.app import create_app
+from hooks.rules.selectors import RuleError
+from hooks.settings import Settings
+from hooks.wire.metacontroller import LabelSelector, RelatedRule, Requirement
+
+ROOT = Path(__file__).parent.parent
+CLUSTER = ROOT / "examples" / "cluster.yaml"
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+TOKEN = base64.b64decode("RVhBTVBMRS1OT1QtQS1SRUFMLVRPS0VOCg==")
+
+
+def run_plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hooks.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+def inventory() -> planner.Inventory:
+    return planner.load([CLUSTER], Settings())
+
+
+def names(group: dict[str, Any]) -> list[str]:
+    return sorted(group)
+
+
+# --- the selection semantics of related rules ----------------------------------------------------
+
+
+def test_names_with_namespace_select_that_object_only() -> None:
+    rule = RelatedRule(
+        api_version="v1",
+        resource="secrets",
+        namespace="cozy-gpu-operator",
+        names=["nvidia-license"],
+    )
+    assert names(planner.select_related([rule], inventory())["Secret.v1"]) == [
+        "cozy-gpu-operator/nvidia-license"
+    ]
+
+
+def test_names_without_namespace_select_the_name_in_every_namespace() -> None:
+    rule = RelatedRule(
+        api_version="v1", resource="secrets", names=["gpuclass-l40s-24q-license", "nvidia-license"]
+    )
+    assert names(planner.select_related([rule], inventory())["Secret.v1"]) == [
+        "cozy-gpu-operator/nvidia-license",
+        "tenant-b/gpuclass-l40s-24q-license",
+    ]
+
+
+def test_label_selector_with_set_based_expressions() -> None:
+    selector = LabelSelector(
+        match_expressions=[
+            Requirement(key="namespace.cozystack.io/vgpu", operator="In", values=["true"])
+        ]
+    )
+    rule = RelatedRule(api_version="v1", resource="namespaces", label_selector=selector)
+    assert names(planner.select_related([rule], inventory())["Namespace.v1"]) == [
+        "tenant-a",
+        "tenant-b",
+        "tenant-c",
+    ]
+    exists = RelatedRule(
+        api_version="v1",
+        resource="namespaces",
+        label_selector=LabelSelector(
+            match_expressions=[Requirement(key="namespace.cozystack.io/vgpu", operator="Exists")]
+        ),
+    )
+    assert "tenant-d" in planner.select_related([exists], inventory())["Namespace.v1"]
+
+
+def test_namespace_selector_selects_by_the_namespace_labels() -> None:
+    rule = RelatedRule(
+        api_version="v1",
+        resource="pods",
+        namespace_selector=LabelSelector(match_labels={"namespace.cozystack.io/vgpu": "true"}),
+    )
+    assert names(planner.select_related([rule], inventory())["Pod.v1"]) == [
+        "tenant-a/virt-launcher-vm-render-x7k2p",
+        "tenant-a/web-5d9f7c",
+        "tenant-b/virt-launcher-vm-old-m2v8d",
+        "tenant-b/virt-launcher-vm-train-q9w4t",
+    ]
+
+
+def test_no_selector_and_empty_names_select_everything() -> None:
+    everything = RelatedRule(api_version="v1", resource="nodes")
+    empty_names = RelatedRule(api_version="v1", resource="nodes", names=[])
+    assert len(planner.select_related([everything], inventory())["Node.v1"]) == 5
+    assert len(planner.select_related([empty_names], inventory())["Node.v1"]) == 5
+
+
+def test_a_group_is_sent_for_every_rule_even_when_nothing_matches() -> None:
+    rule = RelatedRule(api_version="v1", resource="secrets", names=["absent"])
+    assert planner.select_related([rule], inventory()) == {"Secret.v1": {}}
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            RelatedRule(
+                api_version="v1", resource="secrets", names=["a"], label_selector=LabelSelector()
+            ),
+            "labelSelector cannot be combined with names or namespace",
+        ),
+        (
+            RelatedRule(
+                api_version="v1",
+                resource="secrets",
+                namespace="x",
+                label_selector=LabelSelector(match_labels={"a": "b"}),
+            ),
+            "labelSelector cannot be combined with names or namespace",
+        ),
+        (
+            RelatedRule(
+                api_version="v1", resource="pods", namespace="x", namespace_selector=LabelSelector()
+            ),
+            "namespace cannot be combined with namespaceSelector",
+        ),
+    ],
+)
+def test_rules_metacontroller_refuses_are_refused_with_a_clear_message(
+    rule: RelatedRule, message: str
+) -> None:
+    with pytest.raises(RuleError, match=message):
+        planner.select_related([rule], inventory())
+
+
+# --- the example cluster ----------------------------------------------------------------------------
+
+EXPECTED_TABLE = """\
+CLASS        RESOURCE                    FREE  MAX/NODE  READY  NOT FINE
+h100         nvidia.com/GH100_H100_PCIE  2     2         True   -
+h100-legacy  nvidia.com/GH100_H100_PCIE  0     0         False  ResourceNameConflict: OlderClassHasResource, Ready: ResourceNameConflict
+l40s-24q     nvidia.com/NVIDIA_L40S-24Q  1     1         True   LicenseCopyConflict: ForeignSecret
+
+License copies of l40s-24q: source usable: license Secret cozy-gpu-operator/nvidia-license holds a token
+  copy in:  tenant-a
+  skipped:  tenant-b (holds a Secret of the copy's name that is not a managed copy); tenant-c (terminating: no new copy)
+
+Ignored 1 object of other kinds.
+"""
+
+
+def test_plan_on_the_example_cluster_prints_the_expected_table() -> None:
+    result = run_plan(str(CLUSTER))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == EXPECTED_TABLE
+
+
+def test_explain_a_cordoned_node() -> None:
+    result = run_plan(str(CLUSTER), "--explain", "l40s-24q")
+    assert result.returncode == 0
+    assert (
+        "gpu-l40s-1  yes     -         2            1     1     tenant-a/virt-launcher-vm-render-x7k2p (1)"
+        in result.stdout
+    )
+    assert "gpu-l40s-2  no      cordoned  2            0     -     -" in result.stdout
+
+
+def test_explain_a_tainted_node_and_finished_pods() -> None:
+    result = run_plan(str(CLUSTER), "--explain", "h100")
+    lines = result.stdout.splitlines()
+    tainted = next(line for line in lines if line.startswith("gpu-h100-2"))
+    assert "no" in tainted and "taint maintenance=firmware:NoExecute not tolerated" in tainted
+    counted = next(line for line in lines if line.startswith("gpu-h100-1"))
+    assert "tenant-b/virt-launcher-vm-train-q9w4t (2)" in counted
+    assert "vm-old" not in result.stdout  # Succeeded: its units are free again
+
+
+def test_explain_of_an_unknown_class_is_refused() -> None:
+    result = run_plan(str(CLUSTER), "--explain", "nope")
+    assert (result.returncode, result.stderr.strip()) == (
+        2,
+        "plan: no class named nope in the input",
+    )
+
+
+def test_flags_override_the_environment() -> None:
+    disabled = run_plan(str(CLUSTER), "--enabled", "false", "-o", "json")
+    assert [c["status"] for c in json.loads(disabled.stdout)["classes"]] == [{}, {}, {}]
+    selected = run_plan(
+        str(CLUSTER),
+        "--pod-selector",
+        "app=web",
+        "--explain",
+        "h100",
+        "-o",
+        "json",
+        env={"GPUCLASS_POD_SELECTOR": "kubevirt.io=virt-launcher"},
+    )
+    h100 = next(c for c in json.loads(selected.stdout)["classes"] if c["name"] == "h100")
+    assert h100["status"]["free"] == 4
+
+
+def test_json_and_yaml_carry_the_same_content_and_never_the_token() -> None:
+    as_json = json.loads(run_plan(str(CLUSTER), "-o", "json").stdout)
+    as_yaml = yaml.safe_load(run_plan(str(CLUSTER), "-o", "yaml").stdout)
+    for doc in (as_json, as_yaml):
+        for entry in doc["classes"]:
+            for condition in entry["status"].get("conditions", []):
+                condition.pop("lastTransitionTime")
+    assert as_json == as_yaml
+    [copy] = next(c for c in as_json["classes"] if c["name"] == "l40s-24q")["attachments"]
+    assert copy["data"]["client_configuration_token.tok"] == planner.REDACTED
+    for output in ("table", "json", "yaml"):
+        text = run_plan(str(CLUSTER), "-o", output, "--explain", "l40s-24q").stdout
+        assert TOKEN.strip().decode() not in text
+        assert base64.b64encode(TOKEN).decode() not in text
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot read"),
+        ("a: [unclosed", "not JSON or YAML"),
+        ('{"kind": ', "not JSON or YAML"),
+        ("- 1\n- 2\n", "expected Kubernetes objects"),
+        ("kind: Node\nmetadata: {}\n", "an object has no kind, apiVersion or metadata.name"),
+    ],
+)
+def test_unreadable_input_exits_2_with_one_line_naming_the_file(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    path = tmp_path / "dump.yaml"
+    if content is not None:
+        path.write_text(content)
+    result = run_plan(str(CLUSTER), str(path))
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"plan: {path}: {problem}")
+
+
+def test_mixed_files_json_list_and_single_objects(tmp_path: Path) -> None:
+    items = yaml.safe_load(CLUSTER.read_text())["items"]
+    (tmp_path / "a.json").write_text(
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": items[:10]})
+    )
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump_all(items[10:]))
+    split = run_plan(str(tmp_path / "a.json"), str(tmp_path / "b.yaml"))
+    assert split.stdout == EXPECTED_TABLE
+
+
+# --- equality with the hooks' own answers -----------------------------------------------------------
+
+
+def hand_built_requests(
+    cls: dict[str, Any], items: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What Metacontroller sends for the example, written out by hand (default settings)."""
+
+    def keyed(objs: list[dict[str, Any]], namespaced: bool) -> dict[str, Any]:
+        return {
+            (f"{o['metadata']['namespace']}/" if namespaced else "") + o["metadata"]["name"]: o
+            for o in objs
+        }
+
+    of = {
+        kind: [o for o in items if o["kind"] == kind]
+        for kind in ("Node", "Pod", "GPUClass", "Secret", "Namespace")
+    }
+    related: dict[str, Any] = {
+        "Node.v1": keyed(of["Node"], False),
+        "Pod.v1": keyed(of["Pod"], True),
+        "GPUClass.cozystack.io/v1alpha1": keyed(of["GPUClass"], False),
+    }
+    license_related: dict[str, Any] = {}
+    if "license" in cls["spec"]:
+        copy = f"gpuclass-{cls['metadata']['name']}-license"
+        secrets = [
+            s
+            for s in of["Secret"]
+            if s["metadata"]["name"] in (copy, "nvidia-license")
+            and (s["metadata"]["name"] == copy or s["metadata"]["namespace"] == "cozy-gpu-operator")
+        ]
+        entitled = [
+            n
+            for n in of["Namespace"]
+            if n["metadata"].get("labels", {}).get("namespace.cozystack.io/vgpu") == "true"
+        ]
+        license_related = {
+            "Secret.v1": keyed(secrets, True),
+            "Namespace.v1": keyed(entitled, False),
+        }
+        related.update(license_related)
+    status_request = {"parent": cls, "children": {}, "related": related}
+    license_request = {"object": cls, "attachments": {"Secret.v1": {}}, "related": license_related}
+    return status_request, license_request
+
+
+def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path) -> None:
+    settings = Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
+    inv = planner.load([CLUSTER], settings)
+    doc = planner.document(planner.plan_cluster(inv, settings, NOW), inv, None)
+    items = yaml.safe_load(CLUSTER.read_text())["items"]
+    kubevirt = next(o for o in items if o["kind"] == "KubeVirt")
+    from tests.apiserver import KUBEVIRT_PATH, fake_apiserver
+
+    with fake_apiserver() as api:
+        api.serve(KUBEVIRT_PATH, 200, kubevirt)
+        client = create_app(
+            settings.model_copy(update={"kube_api": api.url}), clock=lambda: NOW
+        ).test_client()
+        for entry in doc["classes"]:
+            cls = next(
+                o
+                for o in items
+                if o["kind"] == "GPUClass" and o["metadata"]["name"] == entry["name"]
+            )
+            status_request, license_request = hand_built_requests(cls, items)
+            assert (
+                client.post("/status/sync", json=status_request).json["status"] == entry["status"]
+            )
+            attachments = client.post("/license/sync", json=license_request).json["attachments"]
+            assert [planner.redacted(a) for a in attachments] == entry["attachments"]
+
+
+def test_readme_shows_the_current_output() -> None:
+    assert EXPECTED_TABLE.strip() in (ROOT / "README.md").read_text()
