@@ -1,0 +1,74 @@
+{{/*
+The alert rules, once, for both the PrometheusRule and the VMRule. Alert templates use
+{{`{{ $labels.x }}`}} so that Helm leaves them to Prometheus.
+*/}}
+{{- define "gpuclass-hooks.alertGroups" -}}
+- name: gpuclass-hooks.classes
+  rules:
+  - alert: GPUClassNotReady
+    expr: max by (class, reason) (cozystack_gpu_class_condition{type="Ready", status!="True"}) == 1
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `GPU class {{ $labels.class }} is not Ready ({{ $labels.reason }})` | quote }}
+      description: {{ `VMs cannot use GPU class {{ $labels.class }}: its Ready condition has been {{ $labels.reason }} for 15 minutes. Read the condition of that name in "kubectl get gpuclass {{ $labels.class }} -o yaml"; "gpuclass-hooks plan --explain {{ $labels.class }}" on a cluster dump shows each node.` | quote }}
+  - alert: GPUClassLicenseSecretMissing
+    expr: max by (class, reason) (cozystack_gpu_class_condition{type="LicenseSecretMissing", status="True"}) == 1
+    for: 10m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `The license token of GPU class {{ $labels.class }} cannot be copied ({{ $labels.reason }})` | quote }}
+      description: {{ `Existing license copies are kept, but namespaces entitled since get none, and a rotated token does not reach tenants. Restore the Secret named in spec.license.secretRef, put a non-empty token under its key, or move it to an allowed namespace (GPUCLASS_LICENSE_NAMESPACES).` | quote }}
+  - alert: GPUClassLicenseCopyConflict
+    expr: max by (class, reason) (cozystack_gpu_class_condition{type="LicenseCopyConflict", status="True"}) == 1
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `Some namespaces get no license copy of GPU class {{ $labels.class }} ({{ $labels.reason }})` | quote }}
+      description: {{ `A Secret named like the copy stands where a copy belongs: a tenant's own (ForeignSecret: ask the tenant to rename it) or an unmanaged copy (UnmanagedCopy: delete it, the hook writes a managed one within a sync). The condition's message lists the namespaces.` | quote }}
+  - alert: GPUClassNoFreeUnits
+    expr: (max by (class) (cozystack_gpu_class_capacity_units{eligible="true"}) > 0) and on (class) (max by (class) (cozystack_gpu_class_free_units) == 0)
+    for: 1h
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `GPU class {{ $labels.class }} has had no free units for an hour` | quote }}
+      description: {{ `Every unit of the class on eligible nodes is requested: new VMs of this class cannot start. Add nodes with this resource, uncordon or untaint existing ones, or move tenants to another class.` | quote }}
+  - alert: GPUClassResourceNotAdvertised
+    expr: max by (class) (cozystack_gpu_class_condition{type="ResourceNotAdvertised", status="True"}) == 1
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `No node advertises the resource of GPU class {{ $labels.class }}` | quote }}
+      description: {{ `spec.resourceName matches no node's status.capacity: it is misspelled, or the device plugin names the resource differently (name drift after a driver or profile change). Compare with "kubectl get nodes -o json | jq '.items[].status.capacity'".` | quote }}
+  - alert: GPUClassStatusNotSynced
+    expr: time() - max(max_over_time(cozystack_gpu_class_last_sync_timestamp_seconds[6h])) > 300
+    for: 1m
+    labels:
+      severity: critical
+    annotations:
+      summary: "GPU class status has not been computed for 5 minutes"
+      description: "No hook replica has computed any GPUClass status for 5 minutes, though classes existed in the last 6 hours. The hooks or Metacontroller are down, or Metacontroller cannot reach the hooks (check the gpuclass-status CompositeController's events and the hook pods)."
+- name: gpuclass-hooks.hooks
+  rules:
+  - alert: GPUClassHookServerErrors
+    expr: sum by (route) (rate(cozystack_gpu_hook_requests_total{code=~"5.."}[5m])) > 0
+    for: 5m
+    labels:
+      severity: critical
+    annotations:
+      summary: {{ `The gpuclass hook {{ $labels.route }} answers 5xx` | quote }}
+      description: {{ `The hooks never answer 5xx on purpose: this is a bug. Metacontroller retries with backoff, so status and license copies stop updating. Collect the "unexpected error" log lines of the hook pods and report them.` | quote }}
+  - alert: GPUClassHookClientErrors
+    expr: sum by (route) (rate(cozystack_gpu_hook_requests_total{code=~"4.."}[10m])) / sum by (route) (rate(cozystack_gpu_hook_requests_total[10m])) > 0.05
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `The gpuclass hook {{ $labels.route }} refuses more than 5% of calls` | quote }}
+      description: {{ `401: Metacontroller's token differs from the accepted tokens (rebuild the controllers after a rotation). 413: a request is larger than maxBodyBytes (set the node and pod selectors). 400: Metacontroller sends requests the hooks cannot read (check its version and the controllers' hook versions). Nothing is written while calls fail.` | quote }}
+{{- end -}}

@@ -1,0 +1,221 @@
+"""The dashboard and the alert rules: every PromQL expression parses, uses only metrics the
+service really exports, and the chart ships both unchanged."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import promql_parser
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hooks.app import create_app
+from hooks.settings import Settings
+from tests.builders import (
+    OTHER_GPU,
+    gpuclass,
+    license_sync_request,
+    licensed_class,
+    namespace,
+    node,
+    pod,
+    source_secret,
+    status_sync_request,
+)
+from tests.chart import CHART, by_kind, one, render
+
+DASHBOARD = CHART / "dashboards" / "gpu-classes.json"
+MONITORING = (
+    "monitoring.dashboard.enabled=true",
+    "monitoring.prometheusRule.enabled=true",
+    "monitoring.vmRule.enabled=true",
+)
+METRIC = re.compile(r"\bcozystack_[a-z_]+\b")
+
+
+@pytest.fixture(scope="module")
+def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Sample names of a real /metrics scrape after syncing sample classes through the hooks."""
+    from tests.apiserver import fake_apiserver
+
+    with fake_apiserver() as api:
+        client = create_app(
+            Settings(kube_api=api.url, kube_token_file=tmp_path_factory.mktemp("t") / "none")
+        ).test_client()
+        classes = [
+            licensed_class("l40s", created="2025-01-01T00:00:00Z"),
+            gpuclass("h100", resource=OTHER_GPU),
+            gpuclass("young", created="2026-06-01T00:00:00Z"),
+        ]
+        for parent in classes:
+            request = status_sync_request(
+                parent,
+                nodes=[node("g1"), node("g2", unschedulable=True)],
+                pods=[pod("p")],
+                classes=classes,
+                secrets=[source_secret()],
+                namespaces=[namespace("a")],
+            )
+            assert client.post("/status/sync", json=request).status_code == 200
+        client.post(
+            "/license/sync",
+            json=license_sync_request(
+                classes[0], secrets=[source_secret()], namespaces=[namespace("a")]
+            ),
+        )
+        client.post("/status/sync", data=b"not json")
+        text = client.get("/metrics").get_data(as_text=True)
+    return {
+        sample.name for family in text_string_to_metric_families(text) for sample in family.samples
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def dashboard_expressions() -> list[str]:
+    exprs = [t["expr"] for p in dashboard()["panels"] for t in p.get("targets", [])]
+    exprs += [v["definition"] for v in dashboard()["templating"]["list"] if "definition" in v]
+    return exprs
+
+
+def rule_groups(kind: str) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = one(render(*MONITORING), kind)["spec"]["groups"]
+    return groups
+
+
+def rules() -> list[dict[str, Any]]:
+    return [rule for group in rule_groups("PrometheusRule") for rule in group["rules"]]
+
+
+def promql(expr: str) -> str:
+    """Grafana variables expanded; label_values() is Grafana's own, not PromQL."""
+    expr = expr.replace("$class", ".*")
+    match = re.fullmatch(r"label_values\((.+), *\w+\)", expr)
+    return match.group(1) if match else expr
+
+
+def test_every_promql_expression_parses() -> None:
+    expressions = dashboard_expressions() + [r["expr"] for r in rules()]
+    assert len(expressions) > 20
+    for expr in expressions:
+        promql_parser.parse(promql(expr))
+
+
+def test_a_broken_expression_would_be_caught() -> None:
+    with pytest.raises(ValueError):
+        promql_parser.parse("sum by (class (cozystack_gpu_class_free_units)")
+
+
+def test_every_metric_used_is_exported(exported_names: set[str]) -> None:
+    used = {
+        name
+        for expr in dashboard_expressions() + [r["expr"] for r in rules()]
+        for name in METRIC.findall(expr)
+    }
+    assert used
+    assert used <= exported_names, used - exported_names
+
+
+def test_dashboard_follows_cozystack_conventions() -> None:
+    board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource"
+        and variables["datasource"]["query"] == "prometheus"
+    )
+    types = {p["type"] for p in board["panels"]}
+    assert {"row", "stat", "timeseries", "table"} <= types
+    for panel in board["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}"
+    titles = {p["title"] for p in board["panels"]}
+    assert {
+        "Free units per class",
+        "Capacity (allocatable)",
+        "Used (effective requests)",
+        "Max free units on one node",
+        "Classes",
+        "License copies per class",
+        "Hook latency p95 by route",
+        "Hook error rate by route",
+    } <= titles
+
+
+CLASS_GAUGES = (
+    "capacity_units",
+    "used_units",
+    "free_units",
+    "max_free_per_node_units",
+    "condition",
+    "license_copies",
+)
+
+
+def test_class_panels_take_the_freshest_replica() -> None:
+    checked = 0
+    for panel in dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            if any(f"cozystack_gpu_class_{gauge}" in target["expr"] for gauge in CLASS_GAUGES):
+                assert "group_left max by (class)" in target["expr"], panel["title"]
+                checked += 1
+    assert checked >= 9
+
+
+def test_alert_rules_have_summary_description_and_severity() -> None:
+    names = {r["alert"] for r in rules()}
+    assert names == {
+        "GPUClassNotReady",
+        "GPUClassLicenseSecretMissing",
+        "GPUClassLicenseCopyConflict",
+        "GPUClassNoFreeUnits",
+        "GPUClassResourceNotAdvertised",
+        "GPUClassStatusNotSynced",
+        "GPUClassHookServerErrors",
+        "GPUClassHookClientErrors",
+    }
+    for rule in rules():
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}
+        assert rule["annotations"]["summary"] and len(rule["annotations"]["description"]) > 60
+    by_name = {r["alert"]: r for r in rules()}
+    assert by_name["GPUClassNotReady"]["for"] == "15m"
+    assert "reason" in by_name["GPUClassNotReady"]["expr"].split("(")[1]  # the reason is a label
+    assert by_name["GPUClassLicenseSecretMissing"]["for"] == "10m"
+    assert by_name["GPUClassNoFreeUnits"]["for"] == "1h"
+    assert "{{ $labels.class }}" in by_name["GPUClassNotReady"]["annotations"]["summary"]
+
+
+def test_alert_rules_render_the_same_for_both_kinds() -> None:
+    assert rule_groups("PrometheusRule") == rule_groups("VMRule")
+    assert (
+        one(render(*MONITORING), "VMRule")["apiVersion"] == "operator.victoriametrics.com/v1beta1"
+    )
+
+
+def test_monitoring_is_off_by_default() -> None:
+    documents = render()
+    for kind in ("PrometheusRule", "VMRule", "ConfigMap"):
+        assert by_kind(documents, kind) == []
+    only_vm = render("monitoring.vmRule.enabled=true")
+    assert by_kind(only_vm, "PrometheusRule") == [] and len(by_kind(only_vm, "VMRule")) == 1
+
+
+def test_dashboard_configmap_holds_the_file_unchanged_with_the_sidecar_label() -> None:
+    configmap = one(render(*MONITORING), "ConfigMap")
+    assert configmap["data"]["gpu-classes.json"] == DASHBOARD.read_text()
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    custom = one(
+        render(
+            "monitoring.dashboard.enabled=true",
+            "monitoring.dashboard.label=dashboards",
+            "monitoring.dashboard.labelValue=gpu",
+            "monitoring.dashboard.namespace=monitoring",
+        ),
+        "ConfigMap",
+    )
+    assert custom["metadata"]["labels"]["dashboards"] == "gpu"
+    assert custom["metadata"]["namespace"] == "monitoring"
