@@ -21,12 +21,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 
 from hooks.auth import TokenFile
-from hooks.controllers import license, status
+from hooks.budgets import BudgetReader
+from hooks.controllers import admission, license, status
+from hooks.controllers.admission import AdmissionOutcome, BudgetInputs
 from hooks.kubevirt import KubeVirtReader
 from hooks.logs import log
 from hooks.metrics import ClassSample, Metrics
 from hooks.rules.capacity import InvalidObject
 from hooks.settings import Settings
+from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
     BadRequest,
     CustomizeRequest,
@@ -84,6 +87,7 @@ def create_app(
     clock: Clock = _utcnow,
     state: ServiceState | None = None,
     metrics: Metrics | None = None,
+    budgets: BudgetInputs | None = None,
 ) -> Flask:
     app = Flask("hooks")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -92,6 +96,7 @@ def create_app(
         settings, observe=lambda outcome: exported.kubevirt_reads.labels(outcome=outcome).inc()
     )
     service = state or ServiceState()
+    budget_inputs = budgets or BudgetReader(settings)
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     app.extensions["gpuclass"] = {
         "settings": settings,
@@ -232,6 +237,44 @@ def create_app(
             return encode(outcome.response), facts
 
         return hook("/license/sync", handle)
+
+    def admit(
+        route: str, review: Callable[[AdmissionRequest, BudgetInputs], AdmissionOutcome]
+    ) -> Response:
+        # The API server calls admission webhooks over HTTPS only, and sends no bearer token:
+        # these routes are exempt from the hooks' token and refuse plain HTTP.
+        if not request.is_secure:
+            return _error("admission webhooks are served over HTTPS only", 403)
+
+        def handle(body: bytes) -> tuple[bytes, dict[str, Any]]:
+            admission_request = decode_review(body)
+            try:
+                outcome = review(admission_request, budget_inputs)
+            except BadRequest as error:
+                # The review itself was readable: answer it, so the API server shows why.
+                answer = review_response(admission_request.uid, False, str(error))
+                return msgspec.json.encode(answer), {"outcome": "denied", "allowed": False}
+            verdict = outcome.verdict
+            answer = review_response(admission_request.uid, verdict.allowed, verdict.message)
+            facts = {
+                "outcome": "allowed" if verdict.allowed else "denied",
+                "allowed": verdict.allowed,
+                "kind": outcome.kind,
+                "namespace": outcome.namespace,
+                "name": outcome.name,
+                "operation": outcome.operation,
+            }
+            return msgspec.json.encode(answer), facts
+
+        return hook(route, handle)
+
+    @app.post("/admit/gpu-budget")
+    def admit_gpu_budget() -> Response:
+        return admit("/admit/gpu-budget", admission.review_app)
+
+    @app.post("/admit/tenant-gpu-keys")
+    def admit_tenant_gpu_keys() -> Response:
+        return admit("/admit/tenant-gpu-keys", admission.review_tenant)
 
     @app.get("/metrics")
     def metrics_route() -> Response:

@@ -10,24 +10,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
-import requests
 
+from hooks.kubeapi import ApiClient, ApiNotFound, ApiUnreadable
 from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 
 ReadObserver = Callable[[str], None]
-
-
-def _read_token(path: Path) -> str | None:
-    """The service account token is re-read on every call: kubelet rotates it."""
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def outcome_of(view: KubeVirtView) -> str:
@@ -54,7 +45,7 @@ class KubeVirtReader:
         self._observe = observe
         self._lock = threading.Lock()
         self._cached: tuple[float, KubeVirtView] | None = None
-        self._session = requests.Session()
+        self._api = ApiClient(settings)
         self._location = f"{settings.kubevirt_namespace}/{settings.kubevirt_name}"
 
     def view(self) -> KubeVirtView:
@@ -62,11 +53,9 @@ class KubeVirtReader:
         # asking the API server the same question.
         with self._lock:
             now = self._clock()
-            if (
-                self._cached is not None
-                and now - self._cached[0] < self._settings.kubevirt_cache_seconds
-            ):
-                return self._cached[1]
+            cached = self._cached
+            if cached is not None and now - cached[0] < self._settings.kubevirt_cache_seconds:
+                return cached[1]
             view = self._read()
             self._cached = (self._clock(), view)
         if self._observe is not None:
@@ -75,35 +64,17 @@ class KubeVirtReader:
 
     def _read(self) -> KubeVirtView:
         settings = self._settings
-        base = settings.api_base_url()
-        if base is None:
-            return KubeVirtUnreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
-        url = (
-            f"{base}/apis/kubevirt.io/v1/namespaces/{settings.kubevirt_namespace}"
+        path = (
+            f"/apis/kubevirt.io/v1/namespaces/{settings.kubevirt_namespace}"
             f"/kubevirts/{settings.kubevirt_name}"
         )
-        headers = {"Accept": "application/json"}
-        token = _read_token(settings.kube_token_file)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        verify: bool | str = True
-        if url.startswith("https://") and settings.kube_ca_file.is_file():
-            verify = str(settings.kube_ca_file)
         try:
-            response = self._session.get(
-                url, headers=headers, timeout=settings.kube_timeout_seconds, verify=verify
-            )
-        except requests.Timeout:
-            return KubeVirtUnreadable("timed out")
-        except requests.RequestException as error:
-            return KubeVirtUnreadable(f"request failed ({type(error).__name__})")
-        if response.status_code == 404:
+            body = self._api.get(path)
+        except ApiNotFound:
             return KubeVirtAbsent(self._location)
-        if response.status_code != 200:
-            return KubeVirtUnreadable(f"HTTP {response.status_code}")
+        except ApiUnreadable as error:
+            return KubeVirtUnreadable(str(error).removeprefix(f"{path}: "))
         try:
-            return KubeVirtFound(
-                msgspec.json.decode(response.content, type=KubeVirt), self._location
-            )
+            return KubeVirtFound(msgspec.json.decode(body, type=KubeVirt), self._location)
         except (msgspec.DecodeError, RecursionError):
             return KubeVirtUnreadable("the KubeVirt object is not valid")

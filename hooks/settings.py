@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     # Above the largest cluster the benchmark generates (2,000 nodes, 60,000 pods: ~540 MB).
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024**3
     shutdown_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
+    admission_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
 
     @model_validator(mode="after")
     def _tls_files_go_together(self) -> Settings:

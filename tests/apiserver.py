@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from tests.builders import GPU
 
@@ -37,8 +38,27 @@ def kubevirt_cr(*resources: str) -> dict[str, Any]:
 @dataclass
 class Route:
     code: int = 200
+    # A JSON-able body, raw bytes, or a function of the query parameters returning either.
     body: Any = field(default_factory=lambda: kubevirt_cr(GPU))
     delay: float = 0.0
+
+
+def list_of(
+    items: list[dict[str, Any]], page_size: int = 2
+) -> Callable[[dict[str, str]], dict[str, Any]]:
+    """A list endpoint: filters by an equality or set-based `labelSelector` the way the API server
+    does for the selectors the service sends, and pages with `limit`/`continue`."""
+    from hooks.rules.selectors import parse_selector, selector_matches
+
+    def answer(query: dict[str, str]) -> dict[str, Any]:
+        selector = parse_selector(query.get("labelSelector", ""))
+        matching = [i for i in items if selector_matches(selector, i["metadata"].get("labels", {}))]
+        start = int(query.get("continue", "0"))
+        page = matching[start : start + page_size]
+        metadata = {"continue": str(start + page_size)} if start + page_size < len(matching) else {}
+        return {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": page}
+
+    return answer
 
 
 @dataclass
@@ -59,12 +79,14 @@ def fake_apiserver() -> Iterator[FakeApiServer]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append((self.path, self.headers.get("Authorization")))
-            route = routes.get(self.path.split("?")[0], Route(404, {"kind": "Status", "code": 404}))
+            parts = urlsplit(self.path)
+            route = routes.get(parts.path, Route(404, {"kind": "Status", "code": 404}))
             if route.delay:
                 time.sleep(route.delay)
-            payload = (
-                route.body if isinstance(route.body, bytes) else json.dumps(route.body).encode()
-            )
+            body = route.body
+            if callable(body):
+                body = body({k: v[0] for k, v in parse_qs(parts.query).items()})
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
                 self.send_response(route.code)
                 self.send_header("Content-Type", "application/json")

@@ -306,3 +306,75 @@ def license_sync_request(
         "related": related,
         "finalizing": False,
     }
+
+
+# --- GPU budgets: HelmReleases as Cozystack stores apps, and AdmissionReviews ------------------
+
+
+def helmrelease(kind: str, namespace: str, name: str, values: dict[str, Any]) -> dict[str, Any]:
+    prefix = {
+        "Tenant": "tenant",
+        "VMInstance": "vm-instance",
+        "KubernetesNodes": "kubernetes-nodes",
+    }[kind]
+    return {
+        "apiVersion": "helm.toolkit.fluxcd.io/v2",
+        "kind": "HelmRelease",
+        "metadata": {
+            "name": f"{prefix}-{name}",
+            "namespace": namespace,
+            "labels": {
+                "apps.cozystack.io/application.kind": kind,
+                "apps.cozystack.io/application.name": name,
+            },
+        },
+        "spec": {"chart": {"spec": {"chart": prefix}}, "values": values},
+    }
+
+
+def gpus(*resources: str) -> list[dict[str, str]]:
+    return [{"name": r} for r in resources]
+
+
+def admission_review(
+    kind: str,
+    namespace: str,
+    name: str,
+    spec: dict[str, Any],
+    *,
+    operation: str = "CREATE",
+    old_spec: dict[str, Any] | None = None,
+    uid: str = "8c1f5e2a-0c4d-4b5e-9a51-3d2f1b0e7a11",
+) -> dict[str, Any]:
+    resource = {
+        "VMInstance": "vminstances",
+        "KubernetesNodes": "kubernetesnodeses",
+        "Tenant": "tenants",
+    }[kind]
+
+    def app(app_spec: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "apps.cozystack.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": app_spec,
+        }
+
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
+            "resource": {"group": "apps.cozystack.io", "version": "v1alpha1", "resource": resource},
+            "requestKind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
+            "name": name,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "tenant-admin", "groups": ["system:authenticated"]},
+            "object": app(spec),
+            "oldObject": app(old_spec) if old_spec is not None else None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"},
+        },
+    }

@@ -198,6 +198,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_LICENSE_NAMESPACES": "cozy-gpu-operator",
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
         "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
+        "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
     }
     # Every variable the chart sets is a real setting, and every value parses.
     for name in env:
@@ -500,3 +501,103 @@ def test_body_limit_and_metrics_auth_reach_the_service() -> None:
     }
     assert env["GPUCLASS_MAX_BODY_BYTES"] == "2048"
     assert env["GPUCLASS_METRICS_REQUIRE_AUTH"] == "true"
+
+
+# --- the GPU budget admission webhook -------------------------------------------------------
+
+
+def test_admission_webhook_is_off_by_default(default_render: list[dict[str, Any]]) -> None:
+    assert by_kind(default_render, "ValidatingWebhookConfiguration") == []
+    assert [r["metadata"]["name"] for r in by_kind(default_render, "ClusterRole")] == [
+        "gpu-gpuclass-hooks"
+    ]
+
+
+def test_admission_webhook_rules_and_routes() -> None:
+    documents = render("admission.enabled=true", "tls.enabled=true")
+    config = one(documents, "ValidatingWebhookConfiguration")
+    app = create_app(Settings())
+    served = {rule.rule for rule in app.url_map.iter_rules() if "POST" in (rule.methods or set())}
+    hooks = {w["name"]: w for w in config["webhooks"]}
+    assert set(hooks) == {
+        "gpu-budget.gpuclass.cozystack.io",
+        "tenant-gpu-keys.gpuclass.cozystack.io",
+    }
+    resources = {
+        "gpu-budget.gpuclass.cozystack.io": ["vminstances", "kubernetesnodeses"],
+        "tenant-gpu-keys.gpuclass.cozystack.io": ["tenants"],
+    }
+    service = one(documents, "Service")
+    for name, hook in hooks.items():
+        assert hook["failurePolicy"] == "Fail"
+        assert hook["sideEffects"] == "None"
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["clientConfig"]["service"]["path"] in served
+        assert hook["clientConfig"]["service"]["name"] == service["metadata"]["name"]
+        assert hook["rules"] == [
+            {
+                "apiGroups": ["apps.cozystack.io"],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": resources[name],
+                "scope": "Namespaced",
+            }
+        ]
+        assert (
+            hook["namespaceSelector"]["matchExpressions"][0]["key"] == "kubernetes.io/metadata.name"
+        )
+    assert (
+        config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == "cozy-gpu/gpu-gpuclass-hooks-tls"
+    )
+
+
+def test_admission_webhook_uses_a_given_ca_bundle() -> None:
+    documents = render(
+        "admission.enabled=true",
+        "tls.enabled=true",
+        "tls.existingSecret=mine",
+        "admission.caBundle=Q0E=",
+    )
+    config = one(documents, "ValidatingWebhookConfiguration")
+    assert {w["clientConfig"]["caBundle"] for w in config["webhooks"]} == {"Q0E="}
+    assert "annotations" not in config["metadata"]
+
+
+def test_admission_rbac_lists_what_the_webhook_reads() -> None:
+    documents = render("admission.enabled=true", "tls.enabled=true")
+    role = next(
+        r for r in by_kind(documents, "ClusterRole") if r["metadata"]["name"].endswith("-admission")
+    )
+    assert role["rules"] == [
+        {"apiGroups": ["cozystack.io"], "resources": ["gpuclasses"], "verbs": ["list"]},
+        {"apiGroups": ["helm.toolkit.fluxcd.io"], "resources": ["helmreleases"], "verbs": ["list"]},
+    ]
+    binding = next(
+        b
+        for b in by_kind(documents, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == role["metadata"]["name"]
+    )
+    assert binding["subjects"][0]["name"] == one(documents, "ServiceAccount")["metadata"]["name"]
+    env = {e["name"]: e["value"] for e in container_of(documents)["env"]}
+    assert env["GPUCLASS_ADMISSION_CACHE_SECONDS"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("admission.enabled=true",), "admission.enabled needs tls.enabled"),
+        (
+            ("admission.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),
+            "cannot be combined with tls.clientAuth",
+        ),
+    ],
+)
+def test_admission_webhook_refuses_settings_the_api_server_cannot_use(
+    values: tuple[str, ...], message: str
+) -> None:
+    args = ["template", "gpu", str(CHART), "--kube-version", KUBE_VERSION]
+    for value in values:
+        args += ["--set", value]
+    result = helm_run(*args)
+    assert result.returncode != 0 and message in result.stderr

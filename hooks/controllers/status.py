@@ -17,7 +17,7 @@ import msgspec
 
 from hooks.controllers.license import license_inputs, license_rules, licensed_spec, plan_for
 from hooks.rules.capacity import Capacity, InvalidObject, compute_capacity
-from hooks.rules.classes import ClassIdentity, older_class_with_resource
+from hooks.rules.classes import class_identity, older_class_with_resource
 from hooks.rules.conditions import (
     RESOURCE_NAME_NOT_PERMITTED,
     Verdict,
@@ -33,7 +33,7 @@ from hooks.rules.license import LicensePlan, copy_name
 from hooks.rules.permission import KubeVirtUnreadable, KubeVirtView, permission_condition
 from hooks.settings import Settings
 from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
-from hooks.wire.kube import Condition, GPUClass
+from hooks.wire.kube import Condition
 from hooks.wire.metacontroller import (
     GPUCLASSES,
     NODES,
@@ -91,21 +91,6 @@ def customize(request: CustomizeRequest, settings: Settings) -> CustomizeRespons
             *rules,
         ]
     return CustomizeResponse(related_resources=rules)
-
-
-def class_identity(gpuclass: GPUClass) -> ClassIdentity:
-    """How a class takes part in the ordering; an invalid spec competes for nothing."""
-    try:
-        resource: str | None = parse_spec(gpuclass.spec).resource_name
-    except InvalidSpecError:
-        resource = None
-    metadata = gpuclass.metadata
-    return ClassIdentity(
-        name=metadata.name,
-        created=metadata.creation_timestamp,
-        deleting=metadata.deletion_timestamp is not None,
-        resource_name=resource,
-    )
 
 
 def _group_invalid(kind: str, group: DecodedGroup) -> list[InvalidObject]:

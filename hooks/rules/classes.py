@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hooks.wire.gpuclass import InvalidSpecError, parse_spec
+from hooks.wire.kube import GPUClass
+
 
 @dataclass(frozen=True)
 class ClassIdentity:
@@ -39,3 +42,18 @@ def older_class_with_resource(
         and age_key(other) < age_key(parent)
     ]
     return min(rivals, key=age_key, default=None)
+
+
+def class_identity(gpuclass: GPUClass) -> ClassIdentity:
+    """How a class takes part in the ordering; an invalid spec competes for nothing."""
+    try:
+        resource: str | None = parse_spec(gpuclass.spec).resource_name
+    except InvalidSpecError:
+        resource = None
+    metadata = gpuclass.metadata
+    return ClassIdentity(
+        name=metadata.name,
+        created=metadata.creation_timestamp,
+        deleting=metadata.deletion_timestamp is not None,
+        resource_name=resource,
+    )

@@ -1,0 +1,94 @@
+"""The few reads the service makes itself from the Kubernetes API, with `requests`.
+
+The service account token is re-read on every call (kubelet rotates it); the CA is the service
+account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise; every call has a short timeout. Errors
+are turned into `ApiUnreadable` with a message that is safe to show: no credentials, no body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import requests
+
+from hooks.settings import Settings
+
+PAGE_SIZE = 500
+
+
+class ApiUnreadable(Exception):
+    """A read failed; `str()` says what and why, safely."""
+
+
+class ApiNotFound(ApiUnreadable):
+    """404: the object, or the whole API, does not exist."""
+
+
+def _read_token(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class _Page(msgspec.Struct):
+    items: list[msgspec.Raw] = []
+    metadata: dict[str, Any] = {}
+
+
+class ApiClient:
+    """GETs against the API server. Not shared between threads without a lock: `requests`
+    sessions are not thread-safe, so each reader holds its own client."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._session = requests.Session()
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> bytes:
+        settings = self._settings
+        base = settings.api_base_url()
+        if base is None:
+            raise ApiUnreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
+        headers = {"Accept": "application/json"}
+        token = _read_token(settings.kube_token_file)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        verify: bool | str = True
+        if base.startswith("https://") and settings.kube_ca_file.is_file():
+            verify = str(settings.kube_ca_file)
+        try:
+            response = self._session.get(
+                base + path,
+                params=params,
+                headers=headers,
+                timeout=settings.kube_timeout_seconds,
+                verify=verify,
+            )
+        except requests.Timeout:
+            raise ApiUnreadable(f"{path}: timed out") from None
+        except requests.RequestException as error:
+            raise ApiUnreadable(f"{path}: request failed ({type(error).__name__})") from None
+        if response.status_code == 404:
+            raise ApiNotFound(f"{path}: not found")
+        if response.status_code != 200:
+            raise ApiUnreadable(f"{path}: HTTP {response.status_code}")
+        return response.content
+
+    def list(self, path: str, label_selector: str | None = None) -> Iterator[msgspec.Raw]:
+        """Every object of a list endpoint, page by page, each left raw for its own decoder."""
+        params = {"limit": str(PAGE_SIZE)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        while True:
+            try:
+                page = msgspec.json.decode(self.get(path, params), type=_Page)
+            except (msgspec.DecodeError, RecursionError):
+                raise ApiUnreadable(f"{path}: the list is not valid") from None
+            yield from page.items
+            token = page.metadata.get("continue")
+            if not token:
+                return
+            params["continue"] = str(token)

@@ -1,0 +1,100 @@
+"""`admission.k8s.io/v1` AdmissionReview, and the Cozystack objects the budget webhook reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from hooks.wire.kube import ObjectMeta, is_absent
+from hooks.wire.metacontroller import BadRequest
+
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+
+
+class _Admission(msgspec.Struct, kw_only=True, rename="camel"):
+    pass
+
+
+class GroupVersionKind(_Admission):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class AdmissionRequest(_Admission):
+    uid: str
+    kind: GroupVersionKind = msgspec.field(default_factory=GroupVersionKind)
+    namespace: str = ""
+    name: str = ""
+    operation: str = ""
+    object: msgspec.Raw = msgspec.Raw()
+    old_object: msgspec.Raw = msgspec.Raw()
+
+
+class AdmissionReview(_Admission):
+    api_version: str = ""
+    kind: str = ""
+    request: AdmissionRequest | None = None
+
+
+def decode_review(body: bytes) -> AdmissionRequest:
+    try:
+        review = msgspec.json.decode(body, type=AdmissionReview)
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"invalid AdmissionReview: {error}") from None
+    except (msgspec.DecodeError, RecursionError):
+        raise BadRequest("request body is not valid JSON") from None
+    if review.api_version != ADMISSION_API_VERSION or review.kind != "AdmissionReview":
+        raise BadRequest(f"not an {ADMISSION_API_VERSION} AdmissionReview")
+    if review.request is None:
+        raise BadRequest("AdmissionReview has no request")
+    return review.request
+
+
+def review_response(uid: str, allowed: bool, message: str = "") -> dict[str, Any]:
+    """The answer: HTTP 200 always; a denial carries code 403 and a message a tenant can act on."""
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        response["status"] = {"code": 403, "message": message}
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+class GpuEntry(_Admission):
+    name: str = ""
+
+
+class AppSpec(_Admission):
+    """The fields of an app's spec (or a HelmRelease's values) the budgets read."""
+
+    gpus: list[GpuEntry] = []
+    max_replicas: int | None = None
+    resource_quotas: dict[str, str | int] = {}
+
+
+class AppObject(_Admission):
+    """A VMInstance, KubernetesNodes or Tenant under review."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: AppSpec = msgspec.field(default_factory=AppSpec)
+
+
+class HelmReleaseSpec(_Admission):
+    values: AppSpec = msgspec.field(default_factory=AppSpec)
+
+
+class HelmRelease(_Admission):
+    """How Cozystack stores an app: the app's spec is the HelmRelease's values."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: HelmReleaseSpec = msgspec.field(default_factory=HelmReleaseSpec)
+
+
+def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
+    """None when the field is absent; BadRequest when it is not an app object."""
+    if is_absent(raw):
+        return None
+    try:
+        return msgspec.json.decode(raw, type=AppObject)
+    except (msgspec.ValidationError, RecursionError) as error:
+        raise BadRequest(f"{field} is not a valid app: {error}") from None

@@ -1,0 +1,246 @@
+"""The budget arithmetic of budget-admission.md, rule by rule."""
+
+from __future__ import annotations
+
+from hooks.rules.budget import (
+    KUBERNETES_NODES,
+    TOTAL_KEY,
+    VM_INSTANCE,
+    App,
+    Pools,
+    Tenant,
+    check_app,
+    check_declaration,
+    class_key,
+    in_gpu_domain,
+    is_budget_key,
+    parent_namespace,
+    reservation,
+    tenant_namespace,
+)
+from hooks.rules.classes import ClassIdentity
+
+L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
+CLASSES = (
+    ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, L40S),
+    ClassIdentity("h100", "2026-01-01T00:00:00Z", False, H100),
+)
+L40S_KEY = class_key("l40s")
+
+
+def root(**quota: int) -> Tenant:
+    return Tenant(
+        "tenant-root", "root", {k.replace("__", "/").replace("_", "."): v for k, v in quota.items()}
+    )
+
+
+def tenant(parent_ns: str, name: str, declaration: dict[str, int] | None = None) -> Tenant:
+    return Tenant(parent_ns, name, declaration or {})
+
+
+def vm(namespace: str, name: str, *gpus: str) -> App:
+    return App(namespace, VM_INSTANCE, name, tuple(gpus))
+
+
+def pool(namespace: str, name: str, *gpus: str, max_replicas: int | None = None) -> App:
+    return App(namespace, KUBERNETES_NODES, name, tuple(gpus), max_replicas)
+
+
+def admit(
+    new: App, apps: list[App], tenants: list[Tenant], old: App | None = None
+) -> tuple[bool, str]:
+    verdict = check_app(new=new, old=old, apps=apps, tenants=tenants, classes=CLASSES)
+    return verdict.allowed, verdict.message
+
+
+def test_tenant_namespaces() -> None:
+    assert tenant_namespace("tenant-root", "root") == "tenant-root"
+    assert tenant_namespace("tenant-root", "a") == "tenant-a"
+    assert tenant_namespace("tenant-a", "b") == "tenant-a-b"
+    assert parent_namespace("tenant-a-b") == "tenant-a"
+    assert parent_namespace("tenant-a") == "tenant-root"
+    assert parent_namespace("tenant-root") is None
+    assert parent_namespace("cozy-system") is None
+
+
+def test_budget_keys_and_the_gpu_domain() -> None:
+    assert is_budget_key(TOTAL_KEY) and is_budget_key("l40s.gpuclass.cozystack.io/devices")
+    assert not is_budget_key("l40s.gpuclass.cozystack.io/memory")
+    assert not is_budget_key("Bad_Name.gpuclass.cozystack.io/devices")
+    assert in_gpu_domain("gpuclass.cozystack.io/units") and in_gpu_domain(
+        "x.gpuclass.cozystack.io/devices"
+    )
+    assert not in_gpu_domain("requests.cpu") and not in_gpu_domain("nvidia.com/gpu")
+
+
+def test_rule_1_a_tenant_is_bounded_when_it_declares_any_key() -> None:
+    assert tenant("tenant-root", "a", {"requests.cpu": 4}).bounded
+    assert not tenant("tenant-root", "a").bounded
+
+
+def test_rule_2_unbounded_tenants_admit_everything() -> None:
+    assert admit(vm("tenant-a", "v", L40S, L40S, L40S), [], [tenant("tenant-root", "a")]) == (
+        True,
+        "",
+    )
+
+
+def test_rule_2_pool_root_is_the_first_bounded_tenant_walking_up() -> None:
+    pools = Pools(
+        [
+            tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+            tenant("tenant-a", "b"),
+            tenant("tenant-a-b", "c"),
+        ]
+    )
+    assert pools.root("tenant-a-b-c") == "tenant-a"
+    assert pools.root("tenant-x") is None
+
+
+def test_rule_3_and_6_a_bounded_tenant_pool_admits_within_its_declaration() -> None:
+    tenants = [tenant("tenant-root", "a", {L40S_KEY: 2})]
+    existing = [vm("tenant-a", "one", L40S)]
+    assert admit(vm("tenant-a", "two", L40S), existing, tenants)[0]
+    allowed, message = admit(vm("tenant-a", "two", L40S, L40S), existing, tenants)
+    assert not allowed
+    assert message == (
+        f"{L40S_KEY}: this VMInstance needs 2, the pool of tenant a (tenant-a) has 1 left "
+        "(budget 2, 0 carved out for sub-tenants, 1 reserved by other apps)"
+    )
+
+
+def test_rule_6_members_include_unbounded_sub_tenants() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 2}), tenant("tenant-a", "b")]
+    assert not admit(vm("tenant-a-b", "v", L40S), [vm("tenant-a", "w", H100, H100)], tenants)[0]
+
+
+def test_rule_4_nested_pools_carve_out_their_whole_declaration() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 8}), tenant("tenant-a", "b", {TOTAL_KEY: 5})]
+    pools = Pools(tenants)
+    assert pools.carved_out("tenant-a")[TOTAL_KEY] == 5
+    assert pools.available("tenant-a") == {TOTAL_KEY: 3}
+    assert admit(vm("tenant-a", "v", L40S, L40S, L40S), [], tenants)[0]
+    assert not admit(vm("tenant-a", "v", L40S, L40S, L40S, L40S), [], tenants)[0]
+    # the sub-tenant's own pool: its declaration, not what the parent has left
+    assert admit(
+        vm("tenant-a-b", "v", *[L40S] * 5), [vm("tenant-a", "w", L40S, L40S, L40S)], tenants
+    )[0]
+
+
+def test_rule_4_siblings_each_carve_out() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 10}),
+        tenant("tenant-a", "b", {TOTAL_KEY: 4}),
+        tenant("tenant-a", "c", {TOTAL_KEY: 4}),
+        tenant("tenant-a", "d"),
+    ]
+    assert Pools(tenants).available("tenant-a") == {TOTAL_KEY: 2}
+    assert not admit(vm("tenant-a-d", "v", L40S, L40S, L40S), [], tenants)[0]
+
+
+def test_rule_5_available_is_never_negative() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 2}), tenant("tenant-a", "b", {TOTAL_KEY: 5})]
+    assert Pools(tenants).available("tenant-a") == {TOTAL_KEY: 0}
+
+
+def test_rule_6_the_app_under_review_counts_with_its_new_value_not_its_old() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 3})]
+    old = vm("tenant-a", "v", L40S, L40S)
+    assert admit(vm("tenant-a", "v", L40S, L40S, L40S), [old], tenants, old=old)[0]
+
+
+def test_rule_6_a_key_the_pool_does_not_declare_is_unbounded() -> None:
+    tenants = [tenant("tenant-root", "a", {class_key("h100"): 1})]
+    assert admit(vm("tenant-a", "v", L40S, L40S, L40S), [], tenants)[0]
+    assert not admit(vm("tenant-a", "v", H100, H100), [], tenants)[0]
+
+
+def test_rule_7_over_budget_pool_shrinking_and_unchanged_updates_pass_growth_fails() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 2})]
+    old = vm("tenant-a", "v", L40S, L40S, L40S)
+    apps = [old, vm("tenant-a", "w", L40S)]  # 4 reserved against a budget of 2
+    assert admit(vm("tenant-a", "v", L40S), apps, tenants, old=old)[0]
+    assert admit(old, apps, tenants, old=old)[0]
+    assert not admit(vm("tenant-a", "v", *[L40S] * 4), apps, tenants, old=old)[0]
+    assert not admit(vm("tenant-a", "new", L40S), apps, tenants)[0]
+
+
+def test_max_replicas_defaults_to_ten() -> None:
+    assert reservation(pool("ns", "p", L40S), CLASSES).keys == {L40S_KEY: 10, TOTAL_KEY: 10}
+    assert reservation(pool("ns", "p", L40S, H100, max_replicas=3), CLASSES).get(TOTAL_KEY) == 6
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 9})]
+    assert not admit(pool("tenant-a", "p", L40S), [], tenants)[0]
+    assert admit(pool("tenant-a", "p", L40S, max_replicas=9), [], tenants)[0]
+
+
+def test_entries_mapping_to_no_class() -> None:
+    unknown = "nvidia.com/UNKNOWN"
+    assert admit(
+        vm("tenant-a", "v", unknown), [], [tenant("tenant-root", "a", {"requests.cpu": 8})]
+    )[0]
+    allowed, message = admit(
+        vm("tenant-a", "v", unknown), [], [tenant("tenant-root", "a", {TOTAL_KEY: 8})]
+    )
+    assert not allowed and "nvidia.com/UNKNOWN" in message
+    assert admit(vm("tenant-a", "v", unknown), [], [])[0]
+
+
+def test_the_oldest_class_wins_a_shared_resource_name() -> None:
+    classes = (
+        *CLASSES,
+        ClassIdentity("a-newer", "2026-06-01T00:00:00Z", False, L40S),
+        ClassIdentity("z-older", "2025-06-01T00:00:00Z", False, L40S),
+    )
+    assert reservation(vm("ns", "v", L40S), classes).keys == {class_key("z-older"): 1, TOTAL_KEY: 1}
+
+
+def gate(
+    new: Tenant, tenants: list[Tenant], apps: list[App] = (), old: Tenant | None = None
+) -> tuple[bool, str]:  # type: ignore[assignment]
+    verdict = check_declaration(new=new, old=old, apps=apps, tenants=tenants, classes=CLASSES)
+    return verdict.allowed, verdict.message
+
+
+def test_declaration_gate_refuses_a_non_budget_key_in_the_gpu_domain() -> None:
+    allowed, message = gate(
+        tenant("tenant-root", "a", {"l40s.gpuclass.cozystack.io/memory": 1}), []
+    )
+    assert not allowed and message.startswith(
+        "l40s.gpuclass.cozystack.io/memory: not a GPU budget key"
+    )
+    assert gate(tenant("tenant-root", "a", {L40S_KEY: 1, TOTAL_KEY: 2, "requests.cpu": 4}), [])[0]
+
+
+def test_declaration_gate_child_within_parent_less_siblings_and_reservations() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 10})
+    sibling = tenant("tenant-a", "b", {TOTAL_KEY: 3})
+    apps = [
+        vm("tenant-a", "v", L40S, L40S),
+        vm("tenant-a-c", "mine", L40S),
+        vm("tenant-a-b", "theirs", L40S),
+    ]
+    assert gate(tenant("tenant-a", "c", {TOTAL_KEY: 5}), [parent, sibling], apps)[0]
+    allowed, message = gate(tenant("tenant-a", "c", {TOTAL_KEY: 6}), [parent, sibling], apps)
+    assert not allowed
+    assert message == (
+        f"{TOTAL_KEY}: tenant c declares 6, its parent a can give 5 (declared 10, "
+        "3 declared by its other sub-tenants, 2 reserved by apps)"
+    )
+
+
+def test_declaration_gate_only_checks_growth() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 2})
+    old = tenant("tenant-a", "c", {TOTAL_KEY: 5})
+    assert gate(tenant("tenant-a", "c", {TOTAL_KEY: 4}), [parent, old], old=old)[0]
+    assert not gate(tenant("tenant-a", "c", {TOTAL_KEY: 6}), [parent, old], old=old)[0]
+
+
+def test_becoming_bounded_in_a_gpu_pool_must_declare_its_gpu_keys() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 4, L40S_KEY: 2, "requests.cpu": 8})
+    allowed, message = gate(tenant("tenant-a", "c", {"requests.cpu": 2}), [parent])
+    assert not allowed
+    assert f"declare {TOTAL_KEY}, {L40S_KEY} too" in message
+    assert gate(tenant("tenant-a", "c", {"requests.cpu": 2, TOTAL_KEY: 0, L40S_KEY: 0}), [parent])[
+        0
+    ]
+    assert gate(tenant("tenant-a", "c"), [parent])[0]  # staying unbounded is fine

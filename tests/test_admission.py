@@ -1,0 +1,190 @@
+"""The admission routes with real AdmissionReview bodies; inputs from a local API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from hooks.app import create_app
+from hooks.budgets import GPUCLASSES, HELMRELEASES
+from hooks.rules.budget import TOTAL_KEY, class_key
+from hooks.settings import Settings
+from tests.apiserver import FakeApiServer, list_of
+from tests.builders import GPU, OTHER_GPU, admission_review, gpuclass, gpus, helmrelease
+
+HTTPS = "https://localhost"
+L40S_KEY = class_key("l40s")
+
+
+@pytest.fixture
+def cluster(apiserver: FakeApiServer) -> list[dict[str, Any]]:
+    """Tenant a (4 GPUs in all, 2 of them L40S) with a VM of 2 L40S and a bounded sub-tenant b
+    (1 GPU); tenant c unbounded."""
+    apiserver.serve(
+        GPUCLASSES, 200, list_of([gpuclass("l40s"), gpuclass("h100", resource=OTHER_GPU)])
+    )
+    releases = [
+        helmrelease(
+            "Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "4", L40S_KEY: "2"}}
+        ),
+        helmrelease("Tenant", "tenant-a", "b", {"resourceQuotas": {TOTAL_KEY: "1", L40S_KEY: "0"}}),
+        helmrelease("Tenant", "tenant-root", "c", {}),
+        helmrelease("VMInstance", "tenant-a", "render", {"gpus": gpus(GPU, GPU)}),
+    ]
+    apiserver.serve(HELMRELEASES, 200, list_of(releases))
+    return releases
+
+
+@pytest.fixture
+def client(settings: Settings, cluster: list[dict[str, Any]]) -> FlaskClient:
+    return create_app(settings.model_copy(update={"admission_cache_seconds": 0})).test_client()
+
+
+def review(client: FlaskClient, route: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
+    kwargs = {"data": body} if isinstance(body, bytes) else {"json": body}
+    response = client.post(route, base_url=HTTPS, **kwargs)
+    assert response.status_code == 200, response.get_data()
+    answer: dict[str, Any] = response.json
+    assert (answer["apiVersion"], answer["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    return answer["response"]
+
+
+def vm(namespace: str, name: str, *resources: str, **kwargs: Any) -> dict[str, Any]:
+    return admission_review(
+        "VMInstance", namespace, name, {"gpus": gpus(*resources), "running": True}, **kwargs
+    )
+
+
+def test_within_budget_is_allowed_with_the_uid_echoed(client: FlaskClient) -> None:
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "train", OTHER_GPU))
+    assert answer == {"uid": "8c1f5e2a-0c4d-4b5e-9a51-3d2f1b0e7a11", "allowed": True}
+
+
+def test_over_budget_is_denied_with_403_and_an_actionable_message(client: FlaskClient) -> None:
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "more", GPU))
+    assert answer["allowed"] is False
+    assert answer["status"] == {
+        "code": 403,
+        "message": (
+            f"{L40S_KEY}: this VMInstance needs 1, the pool of tenant a (tenant-a) has 0 left "
+            "(budget 2, 0 carved out for sub-tenants, 2 reserved by other apps)"
+        ),
+    }
+
+
+def test_carve_out_of_a_bounded_sub_tenant(client: FlaskClient) -> None:
+    # total 4, 1 carved out for b, 2 reserved by render: one more GPU fits, two do not
+    assert review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))["allowed"]
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU, OTHER_GPU))
+    assert f"{TOTAL_KEY}: this VMInstance needs 2" in answer["status"]["message"]
+    assert "1 carved out for sub-tenants" in answer["status"]["message"]
+
+
+def test_update_shrinking_passes_growth_is_denied(client: FlaskClient) -> None:
+    shrink = vm("tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)})
+    assert review(client, "/admit/gpu-budget", shrink)["allowed"]
+    grow = vm(
+        "tenant-a", "render", GPU, GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)}
+    )
+    assert not review(client, "/admit/gpu-budget", grow)["allowed"]
+
+
+def test_worker_pool_reserves_gpus_times_max_replicas(client: FlaskClient) -> None:
+    pool = admission_review("KubernetesNodes", "tenant-a", "workers", {"gpus": gpus(OTHER_GPU)})
+    answer = review(client, "/admit/gpu-budget", pool)  # maxReplicas defaults to 10
+    assert answer["allowed"] is False and "KubernetesNodes needs 10" in answer["status"]["message"]
+    small = admission_review(
+        "KubernetesNodes", "tenant-a", "workers", {"gpus": gpus(OTHER_GPU), "maxReplicas": 1}
+    )
+    assert review(client, "/admit/gpu-budget", small)["allowed"]
+
+
+def test_unbounded_tenant_and_unknown_entries(client: FlaskClient) -> None:
+    assert review(
+        client, "/admit/gpu-budget", vm("tenant-c", "any", GPU, GPU, GPU, "nvidia.com/NONE")
+    )["allowed"]
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "odd", "nvidia.com/NONE"))
+    assert not answer["allowed"] and "map to no GPUClass" in answer["status"]["message"]
+
+
+def test_tenant_declaration_gate(client: FlaskClient) -> None:
+    def tenant(quotas: dict[str, str], **kwargs: Any) -> dict[str, Any]:
+        return admission_review(
+            "Tenant", "tenant-a", "d", {"resourceQuotas": quotas, "host": ""}, **kwargs
+        )
+
+    stray = review(client, "/admit/tenant-gpu-keys", tenant({"gpuclass.cozystack.io/gpus": "1"}))
+    assert not stray["allowed"] and "not a GPU budget key" in stray["status"]["message"]
+    missing = review(client, "/admit/tenant-gpu-keys", tenant({"requests.cpu": "2"}))
+    assert not missing["allowed"]
+    assert f"declare {TOTAL_KEY}, {L40S_KEY} too" in missing["status"]["message"]
+    # a: 4 total; b declares 1; render reserves 2: d may declare at most 1
+    too_much = review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "2", L40S_KEY: "0"}))
+    assert not too_much["allowed"] and "its parent a can give 1" in too_much["status"]["message"]
+    assert review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "1", L40S_KEY: "0"}))[
+        "allowed"
+    ]
+
+
+def test_unreadable_inputs_deny_saying_what_could_not_be_read(
+    client: FlaskClient, apiserver: FakeApiServer
+) -> None:
+    apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", GPU))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith(
+        "GPU budget check failed closed: could not list HelmReleases"
+    )
+
+
+def test_other_kinds_and_operations_pass(client: FlaskClient) -> None:
+    other = vm("tenant-a", "x", GPU, GPU, GPU)
+    other["request"]["kind"]["kind"] = "Postgres"
+    assert review(client, "/admit/gpu-budget", other)["allowed"]
+    delete = vm("tenant-a", "render", GPU, operation="DELETE")
+    assert review(client, "/admit/gpu-budget", delete)["allowed"]
+
+
+def test_a_malformed_object_in_a_readable_review_is_denied_with_200(client: FlaskClient) -> None:
+    body = vm("tenant-a", "x", GPU)
+    body["request"]["object"]["spec"]["gpus"] = "all of them"
+    answer = review(client, "/admit/gpu-budget", body)
+    assert answer["allowed"] is False and "object is not a valid app" in answer["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{",
+        b"{}",
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}',
+        b'{"apiVersion": "v1", "kind": "Pod", "request": {"uid": "x"}}',
+    ],
+)
+def test_an_unreadable_review_is_a_400(client: FlaskClient, body: bytes) -> None:
+    response = client.post("/admit/gpu-budget", data=body, base_url=HTTPS)
+    assert response.status_code == 400 and set(response.json) == {"error"}
+
+
+def test_plain_http_is_refused(client: FlaskClient) -> None:
+    response = client.post("/admit/gpu-budget", json=vm("tenant-a", "x", GPU))
+    assert response.status_code == 403
+    assert response.json == {"error": "admission webhooks are served over HTTPS only"}
+
+
+def test_admission_is_exempt_from_the_hook_token(
+    settings: Settings, cluster: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("hook-token\n")
+    client = create_app(settings.model_copy(update={"auth_token_file": tokens})).test_client()
+    assert review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))["allowed"]
+    assert client.post("/status/sync", json={}, base_url=HTTPS).status_code == 401
+
+
+def test_example_review_in_examples(client: FlaskClient) -> None:
+    example = Path(__file__).parent.parent / "examples" / "admission-vminstance.json"
+    assert review(client, "/admit/gpu-budget", example.read_bytes())["allowed"] is False
