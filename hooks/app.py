@@ -106,8 +106,7 @@ def create_app(
     }
 
     def needs_token(path: str) -> bool:
-        if tokens is None:
-            return False
+        """The hook routes, and /metrics when asked; never the probes or the admission routes."""
         return path.startswith(HOOK_PREFIXES) or (
             settings.metrics_require_auth and path == "/metrics"
         )

@@ -103,7 +103,7 @@ def leak_forms() -> list[str]:
     ]
 
 
-def test_the_token_never_appears_in_logs_or_error_bodies(
+def test_the_token_never_appears_in_logs_error_bodies_or_metrics(
     client: FlaskClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     target = licensed_class()
@@ -151,9 +151,12 @@ def test_the_token_never_appears_in_logs_or_error_bodies(
                 bodies.append(response.get_data(as_text=True))
     assert any(r.levelno == logging.WARNING for r in caplog.records)
     captured = caplog.text + "".join(json.dumps(getattr(r, "fields", {})) for r in caplog.records)
+    scrape = client.get("/metrics").get_data(as_text=True)
+    assert "cozystack_gpu_class_license_copies" in scrape
     for form in leak_forms():
         assert form not in captured
         assert all(form not in body for body in bodies)
+        assert form not in scrape
 
 
 def test_copy_responses_carry_the_token_only_in_data(client: FlaskClient) -> None:

@@ -20,6 +20,7 @@ def test_wheel_holds_the_package_and_the_console_script(tmp_path: Path) -> None:
             "wheel",
             "--quiet",
             "--no-deps",
+            "--no-build-isolation",  # no download: the suite must not depend on the network
             "--wheel-dir",
             str(tmp_path),
             str(ROOT),
