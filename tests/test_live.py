@@ -60,3 +60,33 @@ def test_serve_refuses_invalid_settings_with_one_line(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "invalid setting GPUCLASS_POD_SELECTOR: cannot parse selector at 'a in ('"
     ]
+
+
+def test_metrics_of_the_live_server_hold_one_value_per_series(
+    apiserver: FakeApiServer, token_file: Path, tmp_path: Path
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    env = {"GPUCLASS_KUBE_API": apiserver.url, "GPUCLASS_KUBE_TOKEN_FILE": str(token_file)}
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    with live_server(env, tmp_path, args=("--threads", "4")) as server:
+        with ThreadPoolExecutor(4) as pool:
+            list(
+                pool.map(
+                    lambda _: requests.post(f"{server.url}/status/sync", data=body, timeout=10),
+                    range(12),
+                )
+            )
+        text = requests.get(f"{server.url}/metrics", timeout=5).text
+    samples = [
+        (s.name, tuple(sorted(s.labels.items())))
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    ]
+    assert len(samples) == len(set(samples))
+    free = [s for s in samples if s[0] == "cozystack_gpu_class_free_units"]
+    assert free == [("cozystack_gpu_class_free_units", (("class", "l40s-24q"),))]
+    assert (
+        "cozystack_gpu_hook_requests_total",
+        (("code", "200"), ("route", "/status/sync")),
+    ) in samples

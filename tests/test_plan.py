@@ -342,3 +342,42 @@ def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path)
 
 def test_readme_shows_the_current_output() -> None:
     assert EXPECTED_TABLE.strip() in (ROOT / "README.md").read_text()
+
+
+def test_plan_json_equals_the_live_servers_answers(tmp_path: Path) -> None:
+    """The same comparison against the real `gpuclass-hooks serve`, times aside."""
+    import requests
+
+    from tests.apiserver import KUBEVIRT_PATH, fake_apiserver
+    from tests.live import live_server
+
+    items = yaml.safe_load(CLUSTER.read_text())["items"]
+    plan_doc = json.loads(run_plan(str(CLUSTER), "-o", "json").stdout)
+
+    def without_times(status: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **status,
+            "conditions": [
+                {k: v for k, v in c.items() if k != "lastTransitionTime"}
+                for c in status.get("conditions", [])
+            ],
+        }
+
+    with fake_apiserver() as api:
+        api.serve(KUBEVIRT_PATH, 200, next(o for o in items if o["kind"] == "KubeVirt"))
+        with live_server({"GPUCLASS_KUBE_API": api.url}, tmp_path) as server:
+            for entry in plan_doc["classes"]:
+                cls = next(
+                    o
+                    for o in items
+                    if o["kind"] == "GPUClass" and o["metadata"]["name"] == entry["name"]
+                )
+                status_request, license_request = hand_built_requests(cls, items)
+                status = requests.post(
+                    f"{server.url}/status/sync", json=status_request, timeout=10
+                ).json()["status"]
+                assert without_times(status) == without_times(entry["status"])
+                attachments = requests.post(
+                    f"{server.url}/license/sync", json=license_request, timeout=10
+                ).json()["attachments"]
+                assert [planner.redacted(a) for a in attachments] == entry["attachments"]
