@@ -27,6 +27,7 @@ from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtVi
 from hooks.rules.selectors import check_rule, rule_selects
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt, Secret
+from hooks.wire.names import namespaced_key
 from hooks.wire.metacontroller import (
     GPUCLASS_API_VERSION,
     GPUCLASS_KIND,
@@ -140,7 +141,7 @@ def load(paths: Iterable[Path], settings: Settings) -> Inventory:
 def _key(obj: dict[str, Any], resource: str) -> str:
     metadata = obj["metadata"]
     return (
-        f"{metadata.get('namespace', '')}/{metadata['name']}"
+        namespaced_key(metadata.get("namespace", ""), metadata["name"])
         if resource in NAMESPACED
         else metadata["name"]
     )

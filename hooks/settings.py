@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -12,10 +11,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hooks.rules.selectors import SelectorError, parse_selector
 from hooks.wire.metacontroller import LabelSelector
+from hooks.wire.names import DNS_LABEL_PATTERN, is_dns_label
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_DNS_LABEL = re.compile(DNS_LABEL_PATTERN)
 
 
 class Settings(BaseSettings):
@@ -84,7 +82,7 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("at least one namespace is required")
         for namespace in value:
-            if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+            if not is_dns_label(namespace):
                 raise ValueError(f"{namespace!r} is not a namespace name")
         return value
 

@@ -35,6 +35,7 @@ from hooks.wire.metacontroller import (
     RelatedRule,
     decode_gpuclass,
 )
+from hooks.wire.names import namespaced_key
 
 STALE_RULES_RETRY_SECONDS = 10.0
 
@@ -108,12 +109,12 @@ def license_inputs(
     namespaces = related.get(NAMESPACES)
     if secrets is None or namespaces is None:
         return None
-    source_key = "/".join(source_location(license, settings.license_namespaces))
+    source_key = namespaced_key(*source_location(license, settings.license_namespaces))
     name = copy_name(gpuclass.metadata.name)
     source = None
     same_named = []
     for secret in secrets.objects:
-        key = f"{secret.metadata.namespace}/{secret.metadata.name}"
+        key = namespaced_key(secret.metadata.namespace, secret.metadata.name)
         if key == source_key:
             source = secret
         if secret.metadata.name == name:
@@ -162,7 +163,7 @@ def sync(request: DecoratorSync, settings: Settings) -> LicenseOutcome:
     if attached is not None and attached.invalid:
         raise BadRequest(f"{len(attached.invalid)} attachments do not decode")
     observed = {
-        f"{s.metadata.namespace}/{s.metadata.name}": s
+        namespaced_key(s.metadata.namespace, s.metadata.name): s
         for s in (attached.objects if attached else [])
     }
 
@@ -191,7 +192,7 @@ def sync(request: DecoratorSync, settings: Settings) -> LicenseOutcome:
         )
     # Attachments are managed copies by definition; the related map shows the same Secrets, but
     # the attachments are what Metacontroller will delete if we leave them out.
-    by_key = {f"{s.metadata.namespace}/{s.metadata.name}": s for s in inputs.same_named}
+    by_key = {namespaced_key(s.metadata.namespace, s.metadata.name): s for s in inputs.same_named}
     by_key.update(observed)
     inputs = replace(inputs, same_named=list(by_key.values()))
     plan = plan_for(target, spec.license, inputs, settings)

@@ -7,7 +7,6 @@ over without changing any verdict. Plain values in, a verdict out; reading the c
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
 from hooks.wire.admission import AppSpec
+from hooks.wire.names import is_dns_label
 
 TOTAL_KEY = "gpuclass.cozystack.io/devices"
 CLASS_KEY_SUFFIX = ".gpuclass.cozystack.io/devices"
@@ -24,7 +24,6 @@ ROOT_TENANT = "root"
 DEFAULT_MAX_REPLICAS = 10
 VM_INSTANCE = "VMInstance"
 KUBERNETES_NODES = "KubernetesNodes"
-_CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def class_key(class_name: str) -> str:
@@ -42,7 +41,7 @@ def is_budget_key(key: str) -> bool:
     if key == TOTAL_KEY:
         return True
     class_name = key.removesuffix(CLASS_KEY_SUFFIX)
-    return class_name != key and len(class_name) <= 63 and bool(_CLASS_NAME.match(class_name))
+    return class_name != key and is_dns_label(class_name)
 
 
 # --- tenants and their namespaces --------------------------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hooks.rules.quantity import QuantityError, parse_units
 from hooks.rules.scheduling import TolerationLike, ineligibility
 from hooks.wire.kube import Container, Node, Pod
+from hooks.wire.names import namespaced_key
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -148,7 +149,7 @@ def compute_capacity(
         on_node = uses.get(pod.spec.node_name)
         if on_node is None or not pod_counts(pod):
             continue
-        pod_name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        pod_name = namespaced_key(pod.metadata.namespace, pod.metadata.name)
         try:
             units = effective_request(pod, resource)
         except QuantityError as error:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import msgspec
 from hooks.rules.capacity import InvalidObject
 from hooks.wire.gpuclass import GRIDD_KEY, License
 from hooks.wire.kube import Namespace, Secret
+from hooks.wire.names import is_dns_label, is_dns_subdomain, is_label_value, namespaced_key
 
 CLASS_LABEL = "gpuclass.cozystack.io/class"
 COPY_LABEL = "gpuclass.cozystack.io/license-copy"
@@ -33,9 +33,6 @@ SECRET_NOT_FOUND = "SecretNotFound"
 TOKEN_MISSING = "TokenMissing"
 NAMESPACE_NOT_ALLOWED = "NamespaceNotAllowed"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _OUR_LABELS = (CLASS_LABEL, COPY_LABEL)
 _OUR_ANNOTATIONS = (SOURCE_ANNOTATION, DIGEST_ANNOTATION)
 
@@ -178,12 +175,7 @@ def emittable(class_name: str) -> bool:
     """Class names are DNS labels of at most 63 characters, so this holds; the hook still checks,
     because it must never hand Metacontroller an object the API server will refuse."""
     name = copy_name(class_name)
-    return (
-        len(name) <= 253
-        and _DNS_SUBDOMAIN.match(name) is not None
-        and len(class_name) <= 63
-        and _LABEL_VALUE.match(class_name) is not None
-    )
+    return is_dns_subdomain(name) and is_label_value(class_name)
 
 
 def plan_license(
@@ -209,7 +201,7 @@ def plan_license(
       decode is treated as foreign (it may be a tenant's).
     """
     state = source_state(license, allowed_namespaces, source)
-    where = "/".join(source_location(license, allowed_namespaces))
+    where = namespaced_key(*source_location(license, allowed_namespaces))
     if not emittable(class_name):
         refused = InvalidObject("Secret", copy_name(class_name), "copy name would be invalid")
         return LicensePlan(state, (), 0, (), (), (), (refused,))
@@ -234,7 +226,7 @@ def plan_license(
     for candidate in namespaces:
         if not is_entitled(candidate, entitlement_label):
             continue
-        if len(candidate.metadata.name) > 63 or not _DNS_LABEL.match(candidate.metadata.name):
+        if not is_dns_label(candidate.metadata.name):
             # The API server would refuse a copy there: skip it rather than fail the whole apply.
             invalid.append(InvalidObject("Namespace", candidate.metadata.name, "invalid name"))
             continue

@@ -14,13 +14,12 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hooks.wire.kube import GPUClassStatus, is_absent
+from hooks.wire.names import is_dns_label, is_dns_subdomain
 
 DEFAULT_TOKEN_KEY = "client_configuration_token.tok"
 GRIDD_KEY = "gridd.conf"
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _RESOURCE_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
@@ -52,7 +51,7 @@ class SecretRef(_Spec):
     @field_validator("namespace")
     @classmethod
     def _namespace_is_dns_label(cls, value: str | None) -> str | None:
-        if value is not None and (len(value) > 63 or not _DNS_LABEL.match(value)):
+        if value is not None and not is_dns_label(value):
             raise ValueError("must be a DNS-1123 label")
         return value
 
@@ -89,7 +88,7 @@ def check_resource_name(value: str) -> str:
     domain, slash, name = value.partition("/")
     if not slash or not domain or not name:
         raise ValueError("must look like <domain>/<name>")
-    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+    if not is_dns_subdomain(domain):
         raise ValueError("domain must be a DNS subdomain")
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
         raise ValueError("must not be in the kubernetes.io domain")
