@@ -27,7 +27,6 @@ from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtVi
 from hooks.rules.selectors import check_rule, rule_selects
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt, Secret
-from hooks.wire.names import namespaced_key
 from hooks.wire.metacontroller import (
     GPUCLASS_API_VERSION,
     GPUCLASS_KIND,
@@ -41,6 +40,7 @@ from hooks.wire.metacontroller import (
     decode_composite_sync,
     decode_decorator_sync,
 )
+from hooks.wire.names import namespaced_key
 
 # The kinds plan reads, by (apiVersion, kind), and where Metacontroller puts them.
 RESOURCES = {
