@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds the tools the tests run (helm, etcd, kube-apiserver) from the Go module proxy, once per
+# version.
+# The binaries are cached outside the repository, by version, so later runs build nothing:
+#   $GPUCLASS_TESTENV_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/gpuclass-hooks/testenv)/<name>-<version>
+# Prints the directory that holds them. First run: about 10 minutes on 2 cores.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${GPUCLASS_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuclass-hooks/testenv}
+mkdir -p "$cache"
+
+# The versions are the ones each wrapper module requires; the binary's name carries its version.
+build() {  # build NAME MODULE_DIR PACKAGE MODULE_PATH
+  local name=$1 dir=$here/$2 package=$3 module=$4 version out
+  version=$(awk -v m="$module" '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 ~ /^v/ {print $2; exit}' "$dir/go.mod")
+  [ -n "$version" ] || { echo "no version of $module in $dir/go.mod" >&2; exit 1; }
+  out=$cache/$name-$version
+  if [ ! -x "$out" ]; then
+    echo "building $name $version (cached in $cache)" >&2
+    (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -o "$out.tmp" "$package")
+    mv "$out.tmp" "$out"
+  fi
+  ln -sf "$name-$version" "$cache/$name"
+}
+
+# helm is a plain module: `go install` builds it without a wrapper.
+helm_version=v3.22.0
+if [ ! -x "$cache/helm-$helm_version" ]; then
+  echo "building helm $helm_version (cached in $cache)" >&2
+  tmp=$(mktemp -d)
+  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$helm_version"
+  mv "$tmp/helm" "$cache/helm-$helm_version"
+  rmdir "$tmp"
+fi
+ln -sf "helm-$helm_version" "$cache/helm"
+
+build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes
+echo "$cache"
