@@ -254,6 +254,15 @@ def create_app(
                 answer = review_response(admission_request.uid, False, str(error))
                 return msgspec.json.encode(answer), {"outcome": "denied", "allowed": False}
             verdict = outcome.verdict
+            if verdict.skipped:
+                # Once per review: what did not decode but took no part in this verdict.
+                log(
+                    logging.WARNING,
+                    "skipped unreadable objects",
+                    route=route,
+                    objects=list(verdict.skipped[:20]),
+                    count=len(verdict.skipped),
+                )
             answer = review_response(admission_request.uid, verdict.allowed, verdict.message)
             facts = {
                 "outcome": "allowed" if verdict.allowed else "denied",
@@ -262,6 +271,7 @@ def create_app(
                 "namespace": outcome.namespace,
                 "name": outcome.name,
                 "operation": outcome.operation,
+                "read_inputs": outcome.read_inputs,
             }
             return msgspec.json.encode(answer), facts
 

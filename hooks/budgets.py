@@ -1,10 +1,13 @@
 """The inputs of the budget webhook, read from the Kubernetes API (apps are HelmReleases).
 
-GPUClasses and tenant declarations are cached for `GPUCLASS_ADMISSION_CACHE_SECONDS`; reservations
-never are. That is what makes the cache safe: the growth this webhook admitted lives only in app
-HelmReleases, which every review reads fresh, so a cached read can never admit what a fresh one
-would deny for growth made by the webhook's own earlier verdicts. (A class or a declaration
-changed by someone else is seen a few seconds late, like any quota controller's cache.)
+GPUClasses are cached for `GPUCLASS_ADMISSION_CACHE_SECONDS`: they are the hoster's, change
+rarely, and a class seen a few seconds late maps a device to the key it mapped to a moment ago.
+Tenant declarations and app reservations are never cached: the webhook itself admits them, so a
+cached list would let two quick requests (or two replicas) each take the same budget. They come
+from one LIST, which the API server answers from one consistent snapshot.
+
+A release that does not decode is kept, marked with what could not be read and where, so that
+the rules deny only the verdicts that need it.
 """
 
 from __future__ import annotations
@@ -12,30 +15,78 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
 import msgspec
 
 from hooks.kubeapi import ApiClient, ApiUnreadable
 from hooks.rules.budget import (
     KUBERNETES_NODES,
+    TENANT,
     VM_INSTANCE,
     App,
     InputUnreadable,
+    Tenancy,
     Tenant,
-    app_from,
-    declaration,
+    quota_problem,
+    tenant_declaration,
 )
 from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
-from hooks.wire.admission import HelmRelease
+from hooks.wire.admission import AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
+from hooks.wire.problems import field_problem
 
 KIND_LABEL = "apps.cozystack.io/application.kind"
 NAME_LABEL = "apps.cozystack.io/application.name"
 HELMRELEASES = "/apis/helm.toolkit.fluxcd.io/v2/helmreleases"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
-T = TypeVar("T")
+TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES})"
+
+_RELEASE = msgspec.json.Decoder(HelmRelease)
+_HEAD = msgspec.json.Decoder(ReleaseHead)
+_GPUCLASS = msgspec.json.Decoder(GPUClass)
+
+
+def _problem(error: Exception) -> str:
+    if isinstance(error, msgspec.ValidationError):
+        return field_problem(error)
+    return "nested too deeply"
+
+
+def release_object(raw: msgspec.Raw) -> Tenant | App:
+    """One HelmRelease of the tenancy as a Tenant or an App, marked when it cannot be read."""
+    try:
+        release = _RELEASE.decode(raw)
+        head: ReleaseHead = release
+        values: AppSpec | None = release.spec.values
+        problem = None
+    except (msgspec.ValidationError, RecursionError) as error:
+        values, problem = None, _problem(error)
+        try:
+            head = _HEAD.decode(raw)
+        except (msgspec.ValidationError, RecursionError):
+            # Not even where it lives: every verdict that reads the tenancy must fail closed.
+            return Tenant("", None, unreadable=f"HelmRelease (unnamed): {problem}")
+    meta = head.metadata
+    where = f"HelmRelease {meta.namespace}/{meta.name}"
+    kind = meta.labels.get(KIND_LABEL, "")
+    name = meta.labels.get(NAME_LABEL) or None
+    if kind == TENANT:
+        quotas = values.resource_quotas if values else {}
+        if problem is None and name is None:
+            problem = f"metadata.labels: no {NAME_LABEL}"
+        if problem is None and (invalid := quota_problem(quotas)):
+            problem = f"spec.values.{invalid}"
+        unreadable = f"{where}: {problem}" if problem else None
+        return Tenant(meta.namespace, name, tenant_declaration(quotas), unreadable)
+    return App(
+        meta.namespace,
+        kind,
+        name or "",
+        tuple(g.name for g in values.gpus) if values else (),
+        values.max_replicas if values else None,
+        f"{where}: {problem}" if problem else None,
+    )
 
 
 class BudgetReader:
@@ -46,67 +97,36 @@ class BudgetReader:
         self._clock = clock
         self._api = ApiClient(settings)
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, object]] = {}
-
-    def _cached(self, name: str, read: Callable[[], T]) -> T:
-        now = self._clock()
-        hit = self._cache.get(name)
-        if hit is not None and now - hit[0] < self._settings.admission_cache_seconds:
-            return hit[1]  # type: ignore[return-value]
-        value = read()
-        self._cache[name] = (now, value)
-        return value
-
-    def _releases(self, selector: str) -> list[HelmRelease]:
-        decoder = msgspec.json.Decoder(HelmRelease)
-        releases = []
-        try:
-            for raw in self._api.list(HELMRELEASES, selector):
-                try:
-                    releases.append(decoder.decode(raw))
-                except (msgspec.ValidationError, RecursionError):
-                    raise InputUnreadable("a HelmRelease of an app is not valid") from None
-        except ApiUnreadable as error:
-            raise InputUnreadable(f"could not list HelmReleases ({error})") from None
-        return releases
+        self._classes: tuple[float, list[ClassIdentity]] | None = None
 
     def classes(self) -> list[ClassIdentity]:
-        def read() -> list[ClassIdentity]:
-            decoder = msgspec.json.Decoder(GPUClass)
+        with self._lock:
+            now = self._clock()
+            if self._classes is not None:
+                read_at, classes = self._classes
+                if now - read_at < self._settings.admission_cache_seconds:
+                    return classes
+            classes = []
             try:
-                return [class_identity(decoder.decode(raw)) for raw in self._api.list(GPUCLASSES)]
+                for raw in self._api.list(GPUCLASSES):
+                    try:
+                        classes.append(class_identity(_GPUCLASS.decode(raw)))
+                    except (msgspec.ValidationError, RecursionError) as error:
+                        raise InputUnreadable(f"GPUClass: {_problem(error)}") from None
             except ApiUnreadable as error:
                 raise InputUnreadable(f"could not list GPUClasses ({error})") from None
-            except (msgspec.ValidationError, RecursionError):
-                raise InputUnreadable("a GPUClass is not valid") from None
+            self._classes = (now, classes)
+            return classes
 
+    def tenancy(self) -> Tenancy:
+        """Every Tenant, VMInstance and KubernetesNodes release, read fresh on every review."""
         with self._lock:
-            return self._cached("classes", read)
-
-    def tenants(self) -> list[Tenant]:
-        def read() -> list[Tenant]:
-            tenants = []
-            for release in self._releases(f"{KIND_LABEL}=Tenant"):
-                meta = release.metadata
-                name = meta.labels.get(NAME_LABEL, "")
-                where = f"Tenant {meta.namespace}/{name}"
-                quotas = declaration(release.spec.values.resource_quotas, where)
-                tenants.append(Tenant(meta.namespace, name, quotas))
-            return tenants
-
-        with self._lock:
-            return self._cached("tenants", read)
-
-    def apps(self) -> list[App]:
-        """Every VMInstance and KubernetesNodes, read fresh on every review."""
-        with self._lock:
-            releases = self._releases(f"{KIND_LABEL} in ({VM_INSTANCE},{KUBERNETES_NODES})")
-        return [
-            app_from(
-                r.spec.values,
-                r.metadata.namespace,
-                r.metadata.labels.get(KIND_LABEL, ""),
-                r.metadata.labels.get(NAME_LABEL, ""),
-            )
-            for r in releases
-        ]
+            try:
+                releases = self._api.list(HELMRELEASES, TENANCY_SELECTOR)
+                objects = [release_object(raw) for raw in releases]
+            except ApiUnreadable as error:
+                raise InputUnreadable(f"could not list HelmReleases ({error})") from None
+        return Tenancy(
+            tuple(o for o in objects if isinstance(o, Tenant)),
+            tuple(o for o in objects if isinstance(o, App)),
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ from flask.testing import FlaskClient
 
 from hooks.app import create_app
 from hooks.budgets import GPUCLASSES, HELMRELEASES
+from hooks.logs import LOGGER
 from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
@@ -123,7 +126,8 @@ def test_tenant_declaration_gate(client: FlaskClient) -> None:
     assert f"declare {TOTAL_KEY}, {L40S_KEY} too" in missing["status"]["message"]
     # a: 4 total; b declares 1; render reserves 2: d may declare at most 1
     too_much = review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "2", L40S_KEY: "0"}))
-    assert not too_much["allowed"] and "its parent a can give 1" in too_much["status"]["message"]
+    assert not too_much["allowed"]
+    assert "the pool of tenant a (tenant-a) can give 1" in too_much["status"]["message"]
     assert review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "1", L40S_KEY: "0"}))[
         "allowed"
     ]
@@ -188,3 +192,140 @@ def test_admission_is_exempt_from_the_hook_token(
 def test_example_review_in_examples(client: FlaskClient) -> None:
     example = Path(__file__).parent.parent / "examples" / "admission-vminstance.json"
     assert review(client, "/admit/gpu-budget", example.read_bytes())["allowed"] is False
+
+
+# --- issue 12, through the route --------------------------------------------------------------
+
+
+@pytest.fixture
+def warnings() -> Iterator[list[dict[str, Any]]]:
+    """The service's structured log lines at WARNING and above, as dicts."""
+    records: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append({"event": record.getMessage(), **getattr(record, "fields", {})})
+
+    handler = Collect(logging.WARNING)
+    LOGGER.addHandler(handler)
+    try:
+        yield records
+    finally:
+        LOGGER.removeHandler(handler)
+
+
+def helmrelease_reads(apiserver: FakeApiServer) -> int:
+    return sum(1 for path, _ in apiserver.requests if path.startswith(HELMRELEASES))
+
+
+def test_a_gpu_less_app_and_a_shrinking_update_read_nothing(
+    client: FlaskClient, apiserver: FakeApiServer
+) -> None:
+    apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})  # would deny if it were read
+    assert review(client, "/admit/gpu-budget", vm("tenant-a", "plain"))["allowed"]
+    shrink = vm("tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)})
+    assert review(client, "/admit/gpu-budget", shrink)["allowed"]
+    assert helmrelease_reads(apiserver) == 0
+
+
+def test_a_declaration_without_gpu_keys_that_stays_unbounded_reads_nothing(
+    client: FlaskClient, apiserver: FakeApiServer
+) -> None:
+    apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})
+    body = admission_review("Tenant", "tenant-a", "d", {"resourceQuotas": {}, "host": "d.example"})
+    assert review(client, "/admit/tenant-gpu-keys", body)["allowed"]
+    assert helmrelease_reads(apiserver) == 0
+
+
+def test_growth_only_on_update_in_an_over_budget_pool(
+    client: FlaskClient, cluster: list[dict[str, Any]]
+) -> None:
+    # render already holds 2 L40S of a's 2; a new VM with 3 more puts the pool over budget
+    cluster.append(helmrelease("VMInstance", "tenant-a", "extra", {"gpus": gpus(OTHER_GPU) * 3}))
+    old_spec = {"gpus": gpus(GPU, OTHER_GPU)}
+    cluster.append(helmrelease("VMInstance", "tenant-a", "mixed", old_spec))
+    same = vm("tenant-a", "mixed", GPU, OTHER_GPU, operation="UPDATE", old_spec=old_spec)
+    assert review(client, "/admit/gpu-budget", same)["allowed"]
+    as_create = vm("tenant-a", "mixed", GPU, OTHER_GPU)
+    assert not review(client, "/admit/gpu-budget", as_create)["allowed"]
+
+
+def test_a_malformed_quota_elsewhere_is_skipped_and_logged_once(
+    client: FlaskClient, cluster: list[dict[str, Any]], warnings: list[dict[str, Any]]
+) -> None:
+    quota = {"resourceQuotas": {L40S_KEY: "1500m"}}
+    cluster.append(helmrelease("Tenant", "tenant-root", "legacy", quota))
+    assert review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))["allowed"]
+    skipped = [w for w in warnings if w["event"] == "skipped unreadable objects"]
+    assert skipped == [
+        {
+            "event": "skipped unreadable objects",
+            "route": "/admit/gpu-budget",
+            "objects": [
+                "HelmRelease tenant-root/tenant-legacy: spec.values.resourceQuotas."
+                "l40s.gpuclass.cozystack.io/devices: extended resources are whole units"
+            ],
+            "count": 1,
+        }
+    ]
+    # inside that tenant's own pool the verdict needs it: denied, naming object and field
+    answer = review(client, "/admit/gpu-budget", vm("tenant-legacy", "x", GPU))
+    assert answer["status"]["message"] == (
+        "GPU budget check failed closed: HelmRelease tenant-root/tenant-legacy: "
+        "spec.values.resourceQuotas.l40s.gpuclass.cozystack.io/devices: "
+        "extended resources are whole units"
+    )
+
+
+def test_a_malformed_quota_is_correctable_through_the_tenant_api(
+    client: FlaskClient, cluster: list[dict[str, Any]]
+) -> None:
+    quota = {"resourceQuotas": {L40S_KEY: "1500m"}}
+    cluster.append(helmrelease("Tenant", "tenant-root", "legacy", quota))
+    for fixed in ({L40S_KEY: "1"}, {"requests.cpu": "2"}):
+        body = admission_review(
+            "Tenant",
+            "tenant-root",
+            "legacy",
+            {"resourceQuotas": fixed},
+            operation="UPDATE",
+            old_spec=quota,
+        )
+        assert review(client, "/admit/tenant-gpu-keys", body)["allowed"], fixed
+    still_bad = admission_review(
+        "Tenant", "tenant-root", "legacy", quota, operation="UPDATE", old_spec=quota
+    )
+    answer = review(client, "/admit/tenant-gpu-keys", still_bad)
+    assert answer["status"]["message"] == (
+        f"Tenant tenant-root/legacy: spec.resourceQuotas.{L40S_KEY}: "
+        "extended resources are whole units"
+    )
+
+
+def test_an_unreadable_member_app_denies_naming_object_and_field(
+    client: FlaskClient, cluster: list[dict[str, Any]]
+) -> None:
+    cluster.append(helmrelease("VMInstance", "tenant-a", "legacy", {"gpus": None}))
+    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))
+    assert answer["status"]["message"] == (
+        "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-legacy: "
+        "spec.values.gpus: expected a list, got null"
+    )
+    # a VM in another pool is not held up by it
+    assert review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))["allowed"]
+
+
+def test_declarations_are_never_cached_two_quick_siblings_cannot_share_a_budget(
+    settings: Settings, cluster: list[dict[str, Any]]
+) -> None:
+    cached = create_app(settings.model_copy(update={"admission_cache_seconds": 5})).test_client()
+    cluster.append(helmrelease("Tenant", "tenant-root", "p", {"resourceQuotas": {TOTAL_KEY: "4"}}))
+
+    def sibling(name: str) -> dict[str, Any]:
+        return admission_review("Tenant", "tenant-p", name, {"resourceQuotas": {TOTAL_KEY: "3"}})
+
+    assert review(cached, "/admit/tenant-gpu-keys", sibling("s"))["allowed"]
+    cluster.append(helmrelease("Tenant", "tenant-p", "s", {"resourceQuotas": {TOTAL_KEY: "3"}}))
+    answer = review(cached, "/admit/tenant-gpu-keys", sibling("t"))
+    assert answer["allowed"] is False
+    assert "the pool of tenant p (tenant-p) can give 1" in answer["status"]["message"]

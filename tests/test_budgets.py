@@ -54,23 +54,30 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
         ("l40s", GPU),
         ("broken", None),
     ]
-    tenants = {t.name: t for t in budgets.tenants()}
+    tenancy = budgets.tenancy()
+    tenants = {t.name: t for t in tenancy.tenants}
     assert tenants["a"].declaration == {TOTAL_KEY: 4, "requests.cpu": 0}
     assert tenants["a"].namespace == "tenant-a" and not tenants["b"].bounded
-    apps = {a.name: a for a in budgets.apps()}
+    apps = {a.name: a for a in tenancy.apps}
     assert set(apps) == {"vm1", "pool", "pool2"}
     assert (apps["pool"].kind, apps["pool"].max_replicas, apps["pool2"].max_replicas) == (
         "KubernetesNodes",
         3,
         None,
     )
-    queries = [path for path, _ in budget_api.requests]
-    assert any("labelSelector=apps.cozystack.io%2Fapplication.kind%3DTenant" in q for q in queries)
+    assert apps["vm1"].gpus == (GPU,)
+    queries = [path for path, _ in budget_api.requests if path.startswith(HELMRELEASES)]
+    # one LIST for tenants and apps together: one consistent snapshot
+    assert all(
+        "labelSelector=apps.cozystack.io%2Fapplication.kind+in+%28Tenant%2CVMInstance%2CKubernetesNodes%29"
+        in q
+        for q in queries
+    ), queries
     assert any("continue=2" in q for q in queries)
     assert all(auth == "Bearer sa-token-1" for _, auth in budget_api.requests)
 
 
-def test_classes_and_tenants_are_cached_briefly_reservations_never(
+def test_classes_are_cached_briefly_tenants_and_apps_never(
     settings: Settings, budget_api: FakeApiServer
 ) -> None:
     now = [0.0]
@@ -79,10 +86,10 @@ def test_classes_and_tenants_are_cached_briefly_reservations_never(
     def reads(path: str) -> int:
         return sum(1 for p, _ in budget_api.requests if p.startswith(path) and "continue" not in p)
 
-    budgets.classes(), budgets.tenants(), budgets.apps()
-    budgets.classes(), budgets.tenants(), budgets.apps()
+    budgets.classes(), budgets.tenancy()
+    budgets.classes(), budgets.tenancy()
     assert reads(GPUCLASSES) == 1
-    assert reads(HELMRELEASES) == 3  # tenants once, apps twice
+    assert reads(HELMRELEASES) == 2
     now[0] = 6.0
     budgets.classes()
     assert reads(GPUCLASSES) == 2
@@ -94,35 +101,73 @@ def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
 ) -> None:
     apiserver.serve(HELMRELEASES, code, {"kind": "Status"})
     with pytest.raises(InputUnreadable, match=f"could not list HelmReleases .*HTTP {code}"):
-        reader(settings).apps()
+        reader(settings).tenancy()
     with pytest.raises(InputUnreadable, match="could not list GPUClasses"):
         reader(settings).classes()  # not served at all: 404
 
 
-def test_malformed_quota_fails_closed(settings: Settings, apiserver: FakeApiServer) -> None:
+def test_objects_that_do_not_decode_are_kept_and_named(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    legacy = helmrelease("VMInstance", "tenant-x", "legacy", {"gpus": None})
+    negative = helmrelease("KubernetesNodes", "tenant-x", "neg", {"gpus": [], "maxReplicas": -1})
+    nameless = helmrelease("Tenant", "tenant-root", "n", {})
+    del nameless["metadata"]["labels"]["apps.cozystack.io/application.name"]
     apiserver.serve(
         HELMRELEASES,
         200,
         list_of(
             [
                 helmrelease(
-                    "Tenant", "tenant-root", "a", {"resourceQuotas": {class_key("l40s"): "1.5"}}
-                )
+                    "Tenant", "tenant-root", "a", {"resourceQuotas": {class_key("l40s"): "1500m"}}
+                ),
+                helmrelease("Tenant", "tenant-root", "b", {"resourceQuotas": "lots"}),
+                legacy,
+                negative,
+                nameless,
             ]
         ),
     )
-    with pytest.raises(InputUnreadable, match="Tenant tenant-root/a: resourceQuotas"):
-        reader(settings).tenants()
+    tenancy = reader(settings).tenancy()
+    assert [(t.name, t.unreadable) for t in tenancy.tenants] == [
+        (
+            "a",
+            "HelmRelease tenant-root/tenant-a: spec.values.resourceQuotas."
+            "l40s.gpuclass.cozystack.io/devices: extended resources are whole units",
+        ),
+        (
+            "b",
+            "HelmRelease tenant-root/tenant-b: spec.values.resourceQuotas: "
+            "expected a map, got a string",
+        ),
+        (
+            None,
+            "HelmRelease tenant-root/tenant-n: "
+            "metadata.labels: no apps.cozystack.io/application.name",
+        ),
+    ]
+    assert all(t.bounded for t in tenancy.tenants)  # what cannot be read is never passed by
+    assert [(a.name, a.unreadable) for a in tenancy.apps] == [
+        (
+            "legacy",
+            "HelmRelease tenant-x/vm-instance-legacy: spec.values.gpus: expected a list, got null",
+        ),
+        (
+            "neg",
+            "HelmRelease tenant-x/kubernetes-nodes-neg: "
+            "spec.values.maxReplicas: expected an integer >= 0",
+        ),
+    ]
 
 
 def test_timeout_fails_closed(settings: Settings, apiserver: FakeApiServer) -> None:
     apiserver.serve(HELMRELEASES, 200, list_of([]), delay=1.0)
     fast = settings.model_copy(update={"kube_timeout_seconds": 0.2})
     with pytest.raises(InputUnreadable, match="timed out"):
-        BudgetReader(fast).apps()
+        BudgetReader(fast).tenancy()
 
 
 def test_no_api_configured_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(InputUnreadable, match="no Kubernetes API configured"):
-        BudgetReader(Settings(kube_token_file=tmp_path / "none")).apps()
+        BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy()

@@ -1,8 +1,9 @@
 """The GPU budget admission webhook: AdmissionReview -> budget rules -> verdict.
 
-The inputs come from a reader passed in (the Kubernetes API in production, plain lists in tests);
-the arithmetic is `hooks.rules.budget`. The webhook fails closed: an input it cannot read denies
-the request with a message saying what could not be read.
+The inputs come from a reader passed in (the Kubernetes API in production, plain values in
+tests); the arithmetic is `hooks.rules.budget`. A review reads only what its verdict needs: an app
+that cannot grow and a declaration that cannot matter are answered without reading anything. The
+webhook fails closed: an input it cannot read denies the request, saying what could not be read.
 """
 
 from __future__ import annotations
@@ -12,16 +13,23 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hooks.rules.budget import (
+    ALLOWED,
+    FAILED_CLOSED,
     KUBERNETES_NODES,
+    TENANT,
     VM_INSTANCE,
     App,
     InputUnreadable,
+    Tenancy,
     Tenant,
     Verdict,
-    app_from,
+    cannot_grow,
     check_app,
     check_declaration,
-    declaration,
+    declaration_needs_input,
+    declaration_refused,
+    quota_problem,
+    tenant_declaration,
 )
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, AppObject, decode_app_object
@@ -35,8 +43,7 @@ class BudgetInputs(Protocol):
     """What the webhook reads; each method raises InputUnreadable when it cannot."""
 
     def classes(self) -> list[ClassIdentity]: ...
-    def tenants(self) -> list[Tenant]: ...
-    def apps(self) -> list[App]: ...
+    def tenancy(self) -> Tenancy: ...
 
 
 @dataclass(frozen=True)
@@ -46,80 +53,121 @@ class AdmissionOutcome:
     namespace: str
     name: str
     operation: str
+    read_inputs: bool = False
 
 
-def _objects(request: AdmissionRequest) -> tuple[AppObject, AppObject | None]:
+def _new_object(request: AdmissionRequest) -> AppObject:
     new = decode_app_object(request.object, "object")
     if new is None:
         raise BadRequest("AdmissionReview request has no object")
-    old = (
-        decode_app_object(request.old_object, "oldObject")
-        if request.operation == "UPDATE"
-        else None
-    )
-    return new, old
+    return new
+
+
+def _old_object(request: AdmissionRequest) -> AppObject | None:
+    """The old object is only the baseline of growth: when it does not decode, growth counts from
+    zero, as on a create. It never causes a denial by itself."""
+    if request.operation != "UPDATE":
+        return None
+    try:
+        return decode_app_object(request.old_object, "oldObject")
+    except BadRequest:
+        return None
 
 
 def _name(request: AdmissionRequest, obj: AppObject) -> str:
     return obj.metadata.name or request.name
 
 
-def _guarded(request: AdmissionRequest, decide: Callable[[], Verdict]) -> AdmissionOutcome:
+def _outcome(request: AdmissionRequest, verdict: Verdict, read: bool = False) -> AdmissionOutcome:
+    return AdmissionOutcome(
+        verdict, request.kind.kind, request.namespace, request.name, request.operation, read
+    )
+
+
+def _checked(request: AdmissionRequest, decide: Callable[[], Verdict]) -> AdmissionOutcome:
     try:
         verdict = decide()
     except InputUnreadable as error:
-        verdict = Verdict(False, f"GPU budget check failed closed: {error}")
-    kind = request.kind.kind
-    return AdmissionOutcome(verdict, kind, request.namespace, request.name, request.operation)
+        verdict = Verdict(False, f"{FAILED_CLOSED}{error}")
+    return _outcome(request, verdict, read=True)
+
+
+def _ours(request: AdmissionRequest, kinds: tuple[str, ...]) -> bool:
+    return (
+        request.kind.group == APPS_GROUP
+        and request.kind.kind in kinds
+        and request.operation in CHECKED_OPERATIONS
+    )
 
 
 def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutcome:
     """VMInstance and KubernetesNodes create and update; anything else is not ours and passes."""
+    if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
+        return _outcome(request, ALLOWED)
     kind = request.kind.kind
-    if (
-        request.kind.group != APPS_GROUP
-        or kind not in (VM_INSTANCE, KUBERNETES_NODES)
-        or request.operation not in CHECKED_OPERATIONS
-    ):
-        return AdmissionOutcome(
-            Verdict(True), kind, request.namespace, request.name, request.operation
+    new_obj, old_obj = _new_object(request), _old_object(request)
+    name = _name(request, new_obj)
+    new = App(
+        request.namespace,
+        kind,
+        name,
+        tuple(g.name for g in new_obj.spec.gpus),
+        new_obj.spec.max_replicas,
+    )
+    old = (
+        App(
+            request.namespace,
+            kind,
+            name,
+            tuple(g.name for g in old_obj.spec.gpus),
+            old_obj.spec.max_replicas,
         )
-    new_obj, old_obj = _objects(request)
-    new = app_from(new_obj.spec, request.namespace, kind, _name(request, new_obj))
-    old = app_from(old_obj.spec, request.namespace, kind, new.name) if old_obj else None
+        if old_obj
+        else None
+    )
+    if cannot_grow(new, old):
+        return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
+        tenancy = inputs.tenancy()
         return check_app(
-            new=new, old=old, apps=inputs.apps(), tenants=inputs.tenants(), classes=inputs.classes()
+            new=new, old=old, apps=tenancy.apps, tenants=tenancy.tenants, classes=inputs.classes()
         )
 
-    return _guarded(request, decide)
+    return _checked(request, decide)
 
 
 def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutcome:
     """The declaration gate for Tenant create and update."""
-    kind = request.kind.kind
-    if (
-        request.kind.group != APPS_GROUP
-        or kind != "Tenant"
-        or request.operation not in CHECKED_OPERATIONS
-    ):
-        return AdmissionOutcome(
-            Verdict(True), kind, request.namespace, request.name, request.operation
-        )
-    new_obj, old_obj = _objects(request)
+    if not _ours(request, (TENANT,)):
+        return _outcome(request, ALLOWED)
+    new_obj, old_obj = _new_object(request), _old_object(request)
     name = _name(request, new_obj)
+    quotas = new_obj.spec.resource_quotas
+    problem = quota_problem(quotas)
+    if problem is not None:
+        where = f"Tenant {request.namespace}/{name}"
+        return _outcome(request, Verdict(False, f"{where}: spec.{problem}"))
+    new = Tenant(request.namespace, name, tenant_declaration(quotas))
+    old = (
+        Tenant(request.namespace, name, tenant_declaration(old_obj.spec.resource_quotas))
+        if old_obj
+        else None
+    )
+    refused = declaration_refused(new)
+    if refused is not None:
+        return _outcome(request, Verdict(False, refused))
+    if not declaration_needs_input(new, old):
+        return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
-        where = f"Tenant {request.namespace}/{name}"
-        new = Tenant(request.namespace, name, declaration(new_obj.spec.resource_quotas, where))
-        old = (
-            Tenant(request.namespace, name, declaration(old_obj.spec.resource_quotas, where))
-            if old_obj
-            else None
-        )
+        tenancy = inputs.tenancy()
         return check_declaration(
-            new=new, old=old, apps=inputs.apps(), tenants=inputs.tenants(), classes=inputs.classes()
+            new=new,
+            old=old,
+            apps=tenancy.apps,
+            tenants=tenancy.tenants,
+            classes=inputs.classes(),
         )
 
-    return _guarded(request, decide)
+    return _checked(request, decide)

@@ -1,8 +1,15 @@
-"""GPU budgets of tenants: reservations, pools and the declaration gate (budget-admission.md).
+"""GPU budgets of tenants: reservations, pools and the declaration gate.
 
 The arithmetic is that of Cozystack's tenant quota pools, so that a later pool-wide gate can take
-over without changing any verdict. Plain values in, a verdict out; reading the cluster is
-`hooks.kubeapi`'s job.
+over without changing any verdict. Plain values in, a verdict out; reading the cluster is the
+edge's job (`hooks.budgets`). What the gate must keep true, after any sequence of admitted
+operations that starts from a consistent tree, is the pool invariant: for every pool P and budget
+key K it declares, the reservations of P's members plus the carve-outs of the bounded tenants in P
+stay within P's budget for K.
+
+Objects that were read but do not decode arrive as data (`unreadable` says what and where). They
+deny a verdict only when that verdict's arithmetic reads them; any others are listed in
+`Verdict.skipped` so that the route can log them.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from dataclasses import dataclass, field
 
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
-from hooks.wire.admission import AppSpec
+from hooks.wire.admission import QuotaValue
 from hooks.wire.names import is_dns_label
 
 TOTAL_KEY = "gpuclass.cozystack.io/devices"
@@ -24,6 +31,8 @@ ROOT_TENANT = "root"
 DEFAULT_MAX_REPLICAS = 10
 VM_INSTANCE = "VMInstance"
 KUBERNETES_NODES = "KubernetesNodes"
+TENANT = "Tenant"
+FAILED_CLOSED = "GPU budget check failed closed: "
 
 
 def class_key(class_name: str) -> str:
@@ -31,9 +40,10 @@ def class_key(class_name: str) -> str:
 
 
 def in_gpu_domain(key: str) -> bool:
-    """A key in the GPU domain: `gpuclass.cozystack.io/...` or `*.gpuclass.cozystack.io/...`."""
+    """A key whose domain ends with `gpuclass.cozystack.io`, dot or no dot, in any case:
+    `l40sgpuclass.cozystack.io/devices` is a typo of a budget key, not some other key."""
     prefix, slash, _ = key.partition("/")
-    return bool(slash) and (prefix == GPU_DOMAIN or prefix.endswith("." + GPU_DOMAIN))
+    return bool(slash) and prefix.strip().lower().endswith(GPU_DOMAIN)
 
 
 def is_budget_key(key: str) -> bool:
@@ -44,13 +54,24 @@ def is_budget_key(key: str) -> bool:
     return class_name != key and is_dns_label(class_name)
 
 
+def parse_budget(value: QuotaValue) -> int:
+    """A budget value in whole devices; QuantityError when it is not one."""
+    if isinstance(value, bool) or value is None:
+        raise QuantityError("not a quantity")
+    if isinstance(value, int):
+        if value < 0:
+            raise QuantityError("negative quantity")
+        return value
+    return parse_units(repr(value) if isinstance(value, float) else value)
+
+
 # --- tenants and their namespaces --------------------------------------------------------------
 
 
-def parent_namespace(namespace: str) -> str | None:
+def parent_namespace(namespace: str | None) -> str | None:
     """Tenant names have no dashes, so a tenant namespace's parent is itself minus its last
     `-segment`; `tenant-x`'s parent is `tenant-root`; `tenant-root` and others have none."""
-    if namespace == ROOT_NAMESPACE or not namespace.startswith("tenant-"):
+    if namespace is None or namespace == ROOT_NAMESPACE or not namespace.startswith("tenant-"):
         return None
     parent = namespace.rpartition("-")[0]
     return ROOT_NAMESPACE if parent == "tenant" else parent
@@ -64,70 +85,108 @@ def tenant_namespace(release_namespace: str, tenant_name: str) -> str:
     return f"{release_namespace}-{tenant_name}"
 
 
-def within(namespace: str, tenant_ns: str) -> bool:
-    """The namespace is the tenant's own or one of its descendants'."""
-    if tenant_ns == ROOT_NAMESPACE:
-        return namespace == ROOT_NAMESPACE or namespace.startswith("tenant-")
-    return namespace == tenant_ns or namespace.startswith(tenant_ns + "-")
+def strictly_below(namespace: str, ancestor: str) -> bool:
+    """The namespace is a descendant of the ancestor's (not the ancestor's own)."""
+    if ancestor == ROOT_NAMESPACE:
+        return namespace != ROOT_NAMESPACE and namespace.startswith("tenant-")
+    return namespace.startswith(ancestor + "-")
 
 
 @dataclass(frozen=True)
 class Tenant:
-    """A Tenant app: where it is declared, its name, and its `resourceQuotas` in units."""
+    """A Tenant app: where it is declared, its name, and its `resourceQuotas`.
+
+    Budget keys hold whole devices, or None where the value does not parse; other keys hold 0
+    (any key makes a tenant bounded). `name` is None when the release does not say which tenant
+    it is: it then has no known namespace. `unreadable` says what could not be read.
+    """
 
     release_namespace: str
-    name: str
-    declaration: Mapping[str, int]
+    name: str | None
+    declaration: Mapping[str, int | None] = field(default_factory=dict)
+    unreadable: str | None = None
 
     @property
-    def namespace(self) -> str:
+    def namespace(self) -> str | None:
+        if self.name is None:
+            return None
         return tenant_namespace(self.release_namespace, self.name)
 
     @property
     def bounded(self) -> bool:
-        """Rule 1: a tenant is bounded when it declares anything at all."""
-        return bool(self.declaration)
+        """Rule 1: a tenant is bounded when it declares anything at all. One that could not be
+        read counts as bounded, so that every verdict whose arithmetic it could change reads it
+        (and fails closed) instead of silently passing it by."""
+        return bool(self.declaration) or self.unreadable is not None
+
+    def units(self, key: str) -> int:
+        """Devices declared for the key; a value that does not parse counts as 0."""
+        return self.declaration.get(key) or 0
+
+    def declares(self, key: str) -> bool:
+        """The key is declared with a value that parses."""
+        return self.declaration.get(key) is not None
+
+    def same_tenant(self, other: Tenant) -> bool:
+        return (self.release_namespace, self.name) == (other.release_namespace, other.name)
 
 
 @dataclass(frozen=True)
 class App:
     """A VMInstance or KubernetesNodes app: its GPU entries (resource names), and for worker
-    pools their maximum size."""
+    pools their maximum size. `unreadable` says what could not be read of it."""
 
     namespace: str
     kind: str
     name: str
     gpus: tuple[str, ...] = ()
     max_replicas: int | None = None
+    unreadable: str | None = None
 
     @property
     def identity(self) -> tuple[str, str, str]:
         return (self.namespace, self.kind, self.name)
 
 
+@dataclass(frozen=True)
+class Tenancy:
+    """Every Tenant and app of the cluster, from one read: declarations and reservations are never
+    cached, because the gate itself admits declarations and apps."""
+
+    tenants: tuple[Tenant, ...] = ()
+    apps: tuple[App, ...] = ()
+
+
 class InputUnreadable(Exception):
-    """Raised by whatever supplies the inputs when it cannot; the message says what, in words a
-    tenant's denial can carry (the webhook fails closed)."""
+    """Raised by whatever supplies the inputs when it cannot read them at all; the message says
+    what, in words a tenant's denial can carry (the webhook fails closed)."""
 
 
-def declaration(quotas: Mapping[str, str | int], where: str) -> dict[str, int]:
-    """A `resourceQuotas` map in units. Only budget keys need a value (whole units); any key
-    makes a tenant bounded, so the others are kept with 0."""
-    units = {}
+def tenant_declaration(quotas: Mapping[str, QuotaValue]) -> dict[str, int | None]:
+    """A `resourceQuotas` map: budget keys in devices (None where the value does not parse),
+    other keys as 0."""
+    units: dict[str, int | None] = {}
     for key, value in quotas.items():
         if not is_budget_key(key):
             units[key] = 0
             continue
         try:
-            units[key] = parse_units(str(value))
-        except QuantityError as error:
-            raise InputUnreadable(f"{where}: resourceQuotas {key}: {error}") from None
+            units[key] = parse_budget(value)
+        except QuantityError:
+            units[key] = None
     return units
 
 
-def app_from(spec: AppSpec, namespace: str, kind: str, name: str) -> App:
-    """An app from its spec (the object under review) or its HelmRelease's values."""
-    return App(namespace, kind, name, tuple(g.name for g in spec.gpus), spec.max_replicas)
+def quota_problem(quotas: Mapping[str, QuotaValue]) -> str | None:
+    """`resourceQuotas.<key>: <why>` for the first budget key (sorted) whose value is not a whole,
+    non-negative number of devices; None when every one is."""
+    for key in sorted(quotas):
+        if is_budget_key(key):
+            try:
+                parse_budget(quotas[key])
+            except QuantityError as error:
+                return f"resourceQuotas.{key}: {error}"
+    return None
 
 
 # --- reservations -------------------------------------------------------------------------------
@@ -151,9 +210,16 @@ class Reservation:
         return self.keys.get(key, 0)
 
 
+def replicas(app: App) -> int:
+    """How many times an app's entries count: a worker pool its maxReplicas (10 when unset)."""
+    if app.kind != KUBERNETES_NODES:
+        return 1
+    return DEFAULT_MAX_REPLICAS if app.max_replicas is None else app.max_replicas
+
+
 def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservation:
     """Declared sizes, not use: a VM reserves its entries per class (a halted VM too), a worker
-    pool its entries times maxReplicas (10 when unset)."""
+    pool its entries times maxReplicas."""
     if app is None:
         return Reservation()
     classes = tuple(classes)
@@ -165,9 +231,7 @@ def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservatio
             unmapped.append(resource)
         else:
             per_class[class_key(owner.name)] += 1
-    times = 1
-    if app.kind == KUBERNETES_NODES:
-        times = DEFAULT_MAX_REPLICAS if app.max_replicas is None else app.max_replicas
+    times = replicas(app)
     keys = {key: count * times for key, count in per_class.items()}
     total = sum(keys.values())
     if total:
@@ -175,15 +239,32 @@ def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservatio
     return Reservation(keys, tuple(unmapped) * times)
 
 
+def cannot_grow(new: App, old: App | None) -> bool:
+    """An update that cannot grow any reservation, whatever the classes: its entries are among the
+    old ones and, for a worker pool, its size does not grow. Such a review needs no input."""
+    if not new.gpus:
+        return True
+    if old is None:
+        return False
+    return not Counter(new.gpus) - Counter(old.gpus) and replicas(new) <= replicas(old)
+
+
 # --- pools ------------------------------------------------------------------------------------
 
 
-class Pools:
-    """The pools of bounded tenants (rules 2 to 5)."""
+class FailedClosed(Exception):
+    """An object this verdict's arithmetic needs could not be read."""
 
-    def __init__(self, tenants: Iterable[Tenant]) -> None:
-        self.tenants = {t.namespace: t for t in tenants}
+
+class Pools:
+    """The pools of bounded tenants (rules 2 to 5) over one snapshot of tenants and apps."""
+
+    def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
+        tenants = tuple(tenants)
+        self.tenants = {t.namespace: t for t in tenants if t.namespace is not None}
+        self.unplaced = tuple(t for t in tenants if t.namespace is None)
         self.bounded = {ns: t for ns, t in self.tenants.items() if t.bounded}
+        self.apps = tuple(apps)
 
     def root(self, namespace: str | None) -> str | None:
         """Rule 2: the first bounded tenant namespace walking up from the namespace."""
@@ -193,37 +274,78 @@ class Pools:
             namespace = parent_namespace(namespace)
         return None
 
-    def budget(self, root: str) -> Mapping[str, int]:
-        """Rule 3: each bounded tenant is a pool whose budget is its declaration."""
-        return self.bounded[root].declaration
+    def tenant(self, root: str) -> Tenant:
+        return self.bounded[root]
 
-    def carved_out(self, root: str) -> Counter[str]:
-        """Rule 4: every bounded tenant carves its whole declaration out of its parent's pool."""
-        carved: Counter[str] = Counter()
-        for namespace, tenant in self.bounded.items():
-            if namespace != root and self.root(parent_namespace(namespace)) == root:
-                carved.update(tenant.declaration)
-        return carved
+    def carving(self, root: str) -> list[Tenant]:
+        """Rule 4: the bounded tenants that carve their whole declaration out of this pool, wherever
+        inside it they are declared. The root tenant owns `tenant-root` and has no parent: it is
+        never a sub-tenant of itself."""
+        return [
+            tenant
+            for namespace, tenant in self.bounded.items()
+            if self.root(parent_namespace(namespace)) == root
+        ]
 
-    def available(self, root: str) -> dict[str, int]:
-        """Rule 5: per key the budget declares, max(budget - carved out, 0)."""
-        carved = self.carved_out(root)
-        return {key: max(units - carved[key], 0) for key, units in self.budget(root).items()}
+    def carved_out(self, root: str, key: str) -> int:
+        return sum(tenant.units(key) for tenant in self.carving(root))
 
-    def declares_gpu_keys(self, root: str) -> bool:
-        return any(is_budget_key(key) for key in self.budget(root))
+    def members(self, root: str) -> list[App]:
+        """Rule 3: the apps of every namespace whose pool root is this one."""
+        return [app for app in self.apps if self.root(app.namespace) == root]
+
+    def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
+        return sum(reservation(app, classes).get(key) for app in self.members(root))
+
+    def budget(self, root: str) -> dict[str, int]:
+        """Rule 3: each bounded tenant is a pool whose budget is its declaration (budget keys)."""
+        tenant = self.tenant(root)
+        return {key: tenant.units(key) for key in tenant.declaration if is_budget_key(key)}
 
     def name(self, root: str) -> str:
-        return self.bounded[root].name
+        return f"tenant {self.tenant(root).name} ({root})"
+
+    def read_by(self, root: str) -> list[Tenant | App]:
+        """What the pool's arithmetic reads: its tenant, the tenants carving out of it, the apps of
+        its members, and tenants that may sit anywhere among those (unplaced ones)."""
+        unplaced = [
+            t
+            for t in self.unplaced
+            if not t.release_namespace  # not even where it was declared
+            or self.root(t.release_namespace) == root
+            or strictly_below(root, t.release_namespace)
+        ]
+        return [self.tenant(root), *self.carving(root), *self.members(root), *unplaced]
+
+    def require_readable(self, root: str) -> None:
+        """FailedClosed naming the first unreadable object this pool's arithmetic reads."""
+        problems = sorted(
+            obj.unreadable for obj in self.read_by(root) if obj.unreadable is not None
+        )
+        if problems:
+            raise FailedClosed(problems[0])
+
+
+def unreadable_objects(tenants: Iterable[Tenant], apps: Iterable[App]) -> tuple[str, ...]:
+    objects: tuple[Tenant | App, ...] = (*tenants, *apps)
+    return tuple(sorted(o.unreadable for o in objects if o.unreadable is not None))
 
 
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
     message: str = ""
+    skipped: tuple[str, ...] = ()
 
 
 ALLOWED = Verdict(True)
+
+
+def _decided(verdict: Verdict, tenants: Iterable[Tenant], apps: Iterable[App]) -> Verdict:
+    """The verdict with the unreadable objects it did not need, for the route to log."""
+    if verdict.message.startswith(FAILED_CLOSED):
+        return verdict
+    return Verdict(verdict.allowed, verdict.message, unreadable_objects(tenants, apps))
 
 
 def check_app(
@@ -240,39 +362,40 @@ def check_app(
     its new value and not its old one. Only growth is checked: a key whose reservation does not
     grow passes, even in a pool already over budget. A key the pool does not declare is unbounded.
     """
-    classes = tuple(classes)
-    pools = Pools(tenants)
+    classes, tenants = tuple(classes), tuple(tenants)
+    others = tuple(app for app in apps if app.identity != new.identity)
+    pools = Pools(tenants, others)
     root = pools.root(new.namespace)
     if root is None:
-        return ALLOWED
+        return _decided(ALLOWED, tenants, others)
+    try:
+        pools.require_readable(root)
+    except FailedClosed as unreadable:
+        return Verdict(False, f"{FAILED_CLOSED}{unreadable}")
     wanted, before = reservation(new, classes), reservation(old, classes)
-    pool = f"tenant {pools.name(root)} ({root})"
-    if len(wanted.unmapped) > len(before.unmapped) and pools.declares_gpu_keys(root):
+    pool = pools.name(root)
+    budget = pools.budget(root)
+    if len(wanted.unmapped) > len(before.unmapped) and budget:
         names = ", ".join(sorted(set(wanted.unmapped)))
         return Verdict(
             False,
             f"gpus entries {names} map to no GPUClass, and the pool of {pool} declares a GPU "
             "budget: such a device would escape it. Use the resourceName of a GPUClass.",
         )
-    budget = pools.budget(root)
-    available = pools.available(root)
     for key in sorted(wanted.keys):
         if key not in budget or wanted.get(key) <= before.get(key):
             continue
-        others = sum(
-            reservation(app, classes).get(key)
-            for app in apps
-            if app.identity != new.identity and pools.root(app.namespace) == root
-        )
-        if others + wanted.get(key) > available[key]:
-            left = max(available[key] - others, 0)
+        carved = pools.carved_out(root, key)
+        reserved = pools.reserved(root, key, classes)
+        if reserved + carved + wanted.get(key) > budget[key]:
+            left = max(budget[key] - carved - reserved, 0)
             return Verdict(
                 False,
                 f"{key}: this {new.kind} needs {wanted.get(key)}, the pool of {pool} has {left} "
-                f"left (budget {budget[key]}, {budget[key] - available[key]} carved out for "
-                f"sub-tenants, {others} reserved by other apps)",
+                f"left (budget {budget[key]}, {carved} carved out for sub-tenants, {reserved} "
+                "reserved by other apps)",
             )
-    return ALLOWED
+    return _decided(ALLOWED, tenants, others)
 
 
 def check_declaration(
@@ -285,58 +408,123 @@ def check_declaration(
 ) -> Verdict:
     """The declaration gate for a Tenant create (old None) or update.
 
-    - A key in the GPU domain that is not a budget key is refused: the tenant chart would keep it
-      out of the ResourceQuota and nothing would enforce it.
-    - For each GPU key both the parent and the tenant declare, growth must fit: the parent's
-      declaration less its other children's and the reservations of its pool's members outside
-      bounded sub-tenants (the tenant under review excluded).
-    - A tenant that becomes bounded inside a pool declaring GPU keys must declare them too.
+    The tenant carves out of P, the pool of the namespace its release lives in (the root tenant
+    of none). Intermediate unbounded tenants are members of P, so the limit is P's budget, not the
+    direct parent's. Stored values of the tenant under review are replaced by the new ones; the
+    old object is only the baseline of growth (a value that does not parse counts as 0).
     """
-    classes = tuple(classes)
+    classes, tenants, apps = tuple(classes), tuple(tenants), tuple(apps)
+    refused = declaration_refused(new)
+    if refused is not None:
+        return Verdict(False, refused)
+    others = tuple(t for t in tenants if not t.same_tenant(new))
+    pools = Pools((*others, new), apps)
+    own = new.namespace
+    pool = pools.root(parent_namespace(own))
+    try:
+        verdict = _gate(new, old, pools, pool, classes)
+    except FailedClosed as unreadable:
+        return Verdict(False, f"{FAILED_CLOSED}{unreadable}")
+    return _decided(verdict, others, apps)
+
+
+def declaration_refused(new: Tenant) -> str | None:
+    """What no input can make right: stray keys in the GPU domain, values that do not parse."""
     stray = sorted(k for k in new.declaration if in_gpu_domain(k) and not is_budget_key(k))
     if stray:
-        return Verdict(
-            False,
-            f"{', '.join(stray)}: not a GPU budget key; use {TOTAL_KEY} or "
-            f"<class>{CLASS_KEY_SUFFIX}",
-        )
-    others = [t for t in tenants if t.namespace != new.namespace]
-    pools = Pools(others)
-    parent = pools.tenants.get(new.release_namespace)
-    if parent is not None:
-        for key in sorted(k for k in new.declaration if is_budget_key(k)):
-            if key not in parent.declaration:
-                continue
-            previous = old.declaration.get(key, 0) if old is not None else 0
-            if new.declaration[key] <= previous:
-                continue
-            siblings = sum(
-                t.declaration.get(key, 0) for t in others if t.release_namespace == parent.namespace
-            )
-            root = pools.root(parent.namespace)
-            reserved = sum(
-                reservation(app, classes).get(key)
-                for app in apps
-                if pools.root(app.namespace) == root and not within(app.namespace, new.namespace)
-            )
-            limit = parent.declaration[key] - siblings - reserved
-            if new.declaration[key] > limit:
-                return Verdict(
-                    False,
-                    f"{key}: tenant {new.name} declares {new.declaration[key]}, its parent "
-                    f"{parent.name} can give {max(limit, 0)} (declared {parent.declaration[key]}, "
-                    f"{siblings} declared by its other sub-tenants, {reserved} reserved by apps)",
-                )
-    if new.bounded:
-        root = pools.root(new.release_namespace)
-        if root is not None:
-            required = {k for k in pools.budget(root) if is_budget_key(k)}
-            missing = sorted(required - set(new.declaration))
+        keys = ", ".join(stray)
+        return f"{keys}: not a GPU budget key; use {TOTAL_KEY} or <class>{CLASS_KEY_SUFFIX}"
+    invalid = sorted(k for k, v in new.declaration.items() if v is None)
+    if invalid:
+        return f"resourceQuotas.{invalid[0]}: not a whole, non-negative number of devices"
+    return None
+
+
+def _gate(
+    new: Tenant,
+    old: Tenant | None,
+    pools: Pools,
+    pool: str | None,
+    classes: tuple[ClassIdentity, ...],
+) -> Verdict:
+    if pool is not None:
+        pools.require_readable(pool)  # every step below reads P's budget or arithmetic
+    budget = pools.budget(pool) if pool is not None else {}
+    was_bounded = old is not None and old.bounded
+    keys = sorted(k for k in new.declaration if is_budget_key(k))
+    if pool is not None and new.bounded:
+        # Must-declare: becoming bounded forms a pool of its own, unbounded for every GPU key it
+        # leaves out. Once bounded, the tenant keeps every budget key it validly declared.
+        if not was_bounded:
+            missing = sorted(set(budget) - set(keys))
             if missing:
                 return Verdict(
                     False,
-                    f"tenant {new.name} declares a quota inside the pool of tenant "
-                    f"{pools.name(root)}, which has a GPU budget: declare {', '.join(missing)} "
-                    "too (0 is allowed), or it would escape that budget",
+                    f"tenant {new.name} declares a quota inside the pool of {pools.name(pool)}, "
+                    f"which has a GPU budget: declare {', '.join(missing)} too (0 is allowed), "
+                    "or it would escape that budget",
+                )
+        elif old is not None:
+            dropped = sorted(k for k in budget if old.declares(k) and k not in new.declaration)
+            if dropped:
+                return Verdict(
+                    False,
+                    f"{dropped[0]}: tenant {new.name} keeps a quota inside the pool of "
+                    f"{pools.name(pool)}, which declares this key: dropping it would let the "
+                    "tenant escape that budget; declare the number it needs (0 is allowed)",
+                )
+    own = new.namespace
+    assert own is not None  # the tenant under review always has a name
+    for key in keys:
+        previous = old.units(key) if old is not None else 0
+        grows = new.units(key) > previous
+        if pool is not None and key in budget and grows:
+            carved = pools.carved_out(pool, key) - new.units(key)
+            reserved = pools.reserved(pool, key, classes)
+            limit = budget[key] - carved - reserved
+            if new.units(key) > limit:
+                return Verdict(
+                    False,
+                    f"{key}: tenant {new.name} declares {new.units(key)}, the pool of "
+                    f"{pools.name(pool)} can give {max(limit, 0)} (budget {budget[key]}, "
+                    f"{carved} carved out for other sub-tenants, {reserved} reserved by apps)",
+                )
+        newly = old is None or not old.declares(key)
+        if newly or new.units(key) < previous:
+            pools.require_readable(own)
+        if newly:
+            # The mirror of must-declare: a pool that starts bounding a key may not hold bounded
+            # sub-tenants that leave it out, whose sub-trees would be unbounded for it.
+            leaving_out = sorted(
+                t.namespace or "" for t in pools.carving(own) if not t.declares(key)
+            )
+            if leaving_out:
+                return Verdict(
+                    False,
+                    f"{key}: tenant {new.name} declares this key, but its sub-tenant "
+                    f"{pools.tenant(leaving_out[0]).name} ({leaving_out[0]}) does not and would "
+                    "escape it: declare it there first (0 is allowed)",
+                )
+        if newly or new.units(key) < previous:
+            # The floor: what is already held inside the tenant must fit its new declaration,
+            # or the devices its pool would give back to P are still in use.
+            carved = pools.carved_out(own, key)
+            reserved = pools.reserved(own, key, classes)
+            if carved + reserved > new.units(key):
+                return Verdict(
+                    False,
+                    f"{key}: tenant {new.name} declares {new.units(key)}, but {carved + reserved} "
+                    f"are held inside it already ({carved} carved out for its sub-tenants, "
+                    f"{reserved} reserved by apps): release those first",
                 )
     return ALLOWED
+
+
+def declaration_needs_input(new: Tenant, old: Tenant | None) -> bool:
+    """Whether the gate needs to read the cluster: the declaration touches the GPU domain, the
+    tenant becomes bounded, or it drops a budget key it declared."""
+    if any(in_gpu_domain(key) for key in new.declaration):
+        return True
+    if old is None or not old.bounded:
+        return new.bounded
+    return new.bounded and any(is_budget_key(k) and old.declares(k) for k in old.declaration)

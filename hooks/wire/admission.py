@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from hooks.wire.kube import ObjectMeta, is_absent
 from hooks.wire.metacontroller import BadRequest
+from hooks.wire.problems import field_problem
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -64,12 +65,17 @@ class GpuEntry(_Admission):
     name: str = ""
 
 
+# A quota as people write it in values: a quantity string, or a YAML number. The rules decide
+# whether it is a whole number of devices; the wire only keeps it.
+QuotaValue = str | int | float | bool | None
+
+
 class AppSpec(_Admission):
     """The fields of an app's spec (or a HelmRelease's values) the budgets read."""
 
     gpus: list[GpuEntry] = []
-    max_replicas: int | None = None
-    resource_quotas: dict[str, str | int] = {}
+    max_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    resource_quotas: dict[str, QuotaValue] = {}
 
 
 class AppObject(_Admission):
@@ -79,22 +85,36 @@ class AppObject(_Admission):
     spec: AppSpec = msgspec.field(default_factory=AppSpec)
 
 
+class ReleaseMeta(_Admission):
+    name: str = ""
+    namespace: str = ""
+    labels: dict[str, str] = {}
+
+
+class ReleaseHead(_Admission):
+    """Where a HelmRelease is and which app it stores; decoded apart from its values, so that a
+    release whose values do not decode can still be placed and named."""
+
+    metadata: ReleaseMeta = msgspec.field(default_factory=ReleaseMeta)
+
+
 class HelmReleaseSpec(_Admission):
     values: AppSpec = msgspec.field(default_factory=AppSpec)
 
 
-class HelmRelease(_Admission):
+class HelmRelease(ReleaseHead):
     """How Cozystack stores an app: the app's spec is the HelmRelease's values."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: HelmReleaseSpec = msgspec.field(default_factory=HelmReleaseSpec)
 
 
 def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
-    """None when the field is absent; BadRequest when it is not an app object."""
+    """None when the field is absent; BadRequest naming the field when it is not an app object."""
     if is_absent(raw):
         return None
     try:
         return msgspec.json.decode(raw, type=AppObject)
-    except (msgspec.ValidationError, RecursionError) as error:
-        raise BadRequest(f"{field} is not a valid app: {error}") from None
+    except msgspec.ValidationError as error:
+        raise BadRequest(f"{field} is not a valid app: {field_problem(error)}") from None
+    except RecursionError:
+        raise BadRequest(f"{field} is not a valid app: nested too deeply") from None

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from hooks.rules.budget import (
+    FAILED_CLOSED,
     KUBERNETES_NODES,
     TOTAL_KEY,
     VM_INSTANCE,
     App,
     Pools,
     Tenant,
+    cannot_grow,
     check_app,
     check_declaration,
     class_key,
+    declaration_needs_input,
     in_gpu_domain,
     is_budget_key,
     parent_namespace,
@@ -116,9 +119,7 @@ def test_rule_6_members_include_unbounded_sub_tenants() -> None:
 
 def test_rule_4_nested_pools_carve_out_their_whole_declaration() -> None:
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 8}), tenant("tenant-a", "b", {TOTAL_KEY: 5})]
-    pools = Pools(tenants)
-    assert pools.carved_out("tenant-a")[TOTAL_KEY] == 5
-    assert pools.available("tenant-a") == {TOTAL_KEY: 3}
+    assert Pools(tenants).carved_out("tenant-a", TOTAL_KEY) == 5
     assert admit(vm("tenant-a", "v", L40S, L40S, L40S), [], tenants)[0]
     assert not admit(vm("tenant-a", "v", L40S, L40S, L40S, L40S), [], tenants)[0]
     # the sub-tenant's own pool: its declaration, not what the parent has left
@@ -134,13 +135,16 @@ def test_rule_4_siblings_each_carve_out() -> None:
         tenant("tenant-a", "c", {TOTAL_KEY: 4}),
         tenant("tenant-a", "d"),
     ]
-    assert Pools(tenants).available("tenant-a") == {TOTAL_KEY: 2}
+    assert Pools(tenants).carved_out("tenant-a", TOTAL_KEY) == 8
+    assert admit(vm("tenant-a-d", "v", L40S, L40S), [], tenants)[0]
     assert not admit(vm("tenant-a-d", "v", L40S, L40S, L40S), [], tenants)[0]
 
 
 def test_rule_5_available_is_never_negative() -> None:
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 2}), tenant("tenant-a", "b", {TOTAL_KEY: 5})]
-    assert Pools(tenants).available("tenant-a") == {TOTAL_KEY: 0}
+    allowed, message = admit(vm("tenant-a", "v", L40S), [], tenants)
+    assert not allowed
+    assert "has 0 left (budget 2, 5 carved out for sub-tenants" in message
 
 
 def test_rule_6_the_app_under_review_counts_with_its_new_value_not_its_old() -> None:
@@ -211,7 +215,7 @@ def test_declaration_gate_refuses_a_non_budget_key_in_the_gpu_domain() -> None:
     assert gate(tenant("tenant-root", "a", {L40S_KEY: 1, TOTAL_KEY: 2, "requests.cpu": 4}), [])[0]
 
 
-def test_declaration_gate_child_within_parent_less_siblings_and_reservations() -> None:
+def test_declaration_gate_child_within_its_pool_less_carve_outs_and_reservations() -> None:
     parent = tenant("tenant-root", "a", {TOTAL_KEY: 10})
     sibling = tenant("tenant-a", "b", {TOTAL_KEY: 3})
     apps = [
@@ -223,8 +227,8 @@ def test_declaration_gate_child_within_parent_less_siblings_and_reservations() -
     allowed, message = gate(tenant("tenant-a", "c", {TOTAL_KEY: 6}), [parent, sibling], apps)
     assert not allowed
     assert message == (
-        f"{TOTAL_KEY}: tenant c declares 6, its parent a can give 5 (declared 10, "
-        "3 declared by its other sub-tenants, 2 reserved by apps)"
+        f"{TOTAL_KEY}: tenant c declares 6, the pool of tenant a (tenant-a) can give 5 "
+        "(budget 10, 3 carved out for other sub-tenants, 2 reserved by apps)"
     )
 
 
@@ -244,3 +248,212 @@ def test_becoming_bounded_in_a_gpu_pool_must_declare_its_gpu_keys() -> None:
         0
     ]
     assert gate(tenant("tenant-a", "c"), [parent])[0]  # staying unbounded is fine
+
+
+# --- issue 12: the gate's pool, unreadable inputs, and what needs no input ---------------------
+
+
+def test_declaration_gate_root_tenant_is_never_its_own_sub_tenant() -> None:
+    # root (10) with one child of 6 can give a new child 4; its own declaration is no carve-out
+    root_tenant = tenant("tenant-root", "root", {TOTAL_KEY: 10})
+    tenants = [root_tenant, tenant("tenant-root", "b", {TOTAL_KEY: 6})]
+    assert gate(tenant("tenant-root", "c", {TOTAL_KEY: 4}), tenants)[0]
+    allowed, message = gate(tenant("tenant-root", "c", {TOTAL_KEY: 5}), tenants)
+    assert not allowed
+    assert message == (
+        f"{TOTAL_KEY}: tenant c declares 5, the pool of tenant root (tenant-root) can give 4 "
+        "(budget 10, 6 carved out for other sub-tenants, 0 reserved by apps)"
+    )
+    # and the root tenant itself carves out of nothing: only its own sub-tree bounds it
+    assert gate(tenant("tenant-root", "root", {TOTAL_KEY: 11}), tenants, old=root_tenant)[0]
+
+
+def test_declaration_gate_limit_is_the_pool_through_unbounded_intermediates() -> None:
+    a = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    u = tenant("tenant-a", "u")  # unbounded: a member of a's pool
+    allowed, message = gate(tenant("tenant-a-u", "w", {TOTAL_KEY: 1000}), [a, u])
+    assert not allowed
+    assert "the pool of tenant a (tenant-a) can give 4" in message
+    w = tenant("tenant-a-u", "w", {TOTAL_KEY: 3})
+    assert gate(w, [a, u])[0]
+    # a direct child of a can no longer take all 4 while w carves out 3
+    allowed, message = gate(tenant("tenant-a", "d", {TOTAL_KEY: 4}), [a, u, w])
+    assert not allowed
+    assert "can give 1 (budget 4, 3 carved out for other sub-tenants" in message
+    assert gate(tenant("tenant-a", "d", {TOTAL_KEY: 1}), [a, u, w])[0]
+
+
+def test_carve_outs_cross_unbounded_tenants_for_apps_too() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant("tenant-a", "u"),
+        tenant("tenant-a-u", "w", {TOTAL_KEY: 3}),
+    ]
+    assert admit(vm("tenant-a", "v", L40S), [], tenants)[0]
+    allowed, message = admit(vm("tenant-a", "v", L40S, L40S), [], tenants)
+    assert not allowed and "3 carved out for sub-tenants" in message
+
+
+def test_declaration_gate_refuses_typos_of_budget_keys() -> None:
+    for typo in (
+        "l40sgpuclass.cozystack.io/devices",
+        "L40S.GPUCLASS.cozystack.io/devices",
+        "gpuclass.cozystack.io/device",
+        "l40s.gpuclass.cozystack.io/devices/",
+    ):
+        allowed, message = gate(tenant("tenant-root", "a", {typo: 1}), [])
+        assert not allowed and message.startswith(f"{typo}: not a GPU budget key"), typo
+    assert in_gpu_domain("l40sgpuclass.cozystack.io/devices")
+
+
+def test_message_carved_out_is_the_sum_of_carve_outs_not_budget_less_available() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 2}),
+        tenant("tenant-a", "b", {TOTAL_KEY: 3}),
+        tenant("tenant-a", "c", {TOTAL_KEY: 2}),
+    ]
+    allowed, message = admit(vm("tenant-a", "v", L40S), [], tenants)
+    assert not allowed
+    assert message.endswith(
+        "has 0 left (budget 2, 5 carved out for sub-tenants, 0 reserved by other apps)"
+    )
+
+
+def test_must_declare_applies_only_when_a_tenant_becomes_bounded() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    old = tenant("tenant-a", "c", {"requests.cpu": 4})  # bounded before a had GPU keys
+    lowered = tenant("tenant-a", "c", {"requests.cpu": 2})
+    assert gate(lowered, [parent, old], old=old)[0]
+    assert not declaration_needs_input(lowered, old)
+    becoming = tenant("tenant-a", "c", {"requests.cpu": 2})
+    assert not gate(becoming, [parent], old=tenant("tenant-a", "c"))[0]
+
+
+def test_a_bounded_tenant_may_not_drop_a_budget_key_its_pool_declares() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    old = tenant("tenant-a", "c", {TOTAL_KEY: 1, "requests.cpu": 2})
+    allowed, message = gate(tenant("tenant-a", "c", {"requests.cpu": 2}), [parent, old], old=old)
+    assert not allowed and message.startswith(f"{TOTAL_KEY}: tenant c keeps a quota")
+    # becoming unbounded altogether returns its sub-tree to the pool: allowed
+    assert gate(tenant("tenant-a", "c"), [parent, old], old=old)[0]
+
+
+def test_declaration_floor_what_is_held_inside_a_tenant_must_fit_its_declaration() -> None:
+    parent = tenant("tenant-root", "a", {TOTAL_KEY: 10})
+    apps = [vm("tenant-a-c", "v", L40S, L40S, L40S)]
+    # becoming bounded over 3 reserved devices with a budget of 1 would free 2 in use
+    allowed, message = gate(tenant("tenant-a", "c", {TOTAL_KEY: 1}), [parent], apps)
+    assert not allowed
+    assert message == (
+        f"{TOTAL_KEY}: tenant c declares 1, but 3 are held inside it already "
+        "(0 carved out for its sub-tenants, 3 reserved by apps): release those first"
+    )
+    old = tenant("tenant-a", "c", {TOTAL_KEY: 5})
+    assert not gate(tenant("tenant-a", "c", {TOTAL_KEY: 2}), [parent, old], apps, old=old)[0]
+    assert gate(tenant("tenant-a", "c", {TOTAL_KEY: 3}), [parent, old], apps, old=old)[0]
+
+
+def broken_tenant(parent_ns: str, name: str, key: str = TOTAL_KEY) -> Tenant:
+    return Tenant(
+        parent_ns,
+        name,
+        {key: None},
+        f"HelmRelease {parent_ns}/tenant-{name}: spec.values.resourceQuotas.{key}: "
+        "extended resources are whole units",
+    )
+
+
+def test_malformed_quota_denies_only_the_verdicts_that_read_it() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        broken_tenant("tenant-root", "x"),
+        tenant("tenant-x", "y", {TOTAL_KEY: 1}),
+    ]
+    verdict = check_app(
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, classes=CLASSES
+    )
+    assert verdict.allowed
+    assert verdict.skipped == (tenants[1].unreadable,)
+    # its own pool reads it; a bounded sub-tenant's pool is bounded by that sub-tenant alone
+    allowed, message = admit(vm("tenant-x", "v", L40S), [], tenants)
+    assert not allowed
+    assert message == FAILED_CLOSED + str(tenants[1].unreadable)
+    assert admit(vm("tenant-x-y", "v", L40S), [], tenants)[0]
+    # a tenant carving out of its pool
+    assert not gate(tenant("tenant-x", "z", {TOTAL_KEY: 1}), tenants)[0]
+
+
+def test_malformed_stored_quota_of_the_tenant_under_review_is_correctable() -> None:
+    stored = broken_tenant("tenant-root", "a", L40S_KEY)
+    root_tenant = tenant("tenant-root", "root", {L40S_KEY: 8})
+    old = Tenant("tenant-root", "a", {L40S_KEY: None})  # "1500m" counts as 0
+    assert gate(tenant("tenant-root", "a", {L40S_KEY: 2}), [root_tenant, stored], old=old)[0]
+    removed = tenant("tenant-root", "a", {"requests.cpu": 1})
+    assert gate(
+        removed,
+        [root_tenant, stored],
+        old=Tenant("tenant-root", "a", {L40S_KEY: None, "requests.cpu": 0}),
+    )[0]
+
+
+def test_unreadable_app_in_the_pool_denies_naming_object_and_field() -> None:
+    legacy = App(
+        "tenant-a",
+        VM_INSTANCE,
+        "legacy",
+        unreadable="HelmRelease tenant-a/vm-instance-legacy: spec.values.gpus: expected a list, "
+        "got null",
+    )
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant("tenant-root", "b", {TOTAL_KEY: 4}),
+    ]
+    allowed, message = admit(vm("tenant-a", "v", L40S), [legacy], tenants)
+    assert not allowed
+    assert message == (
+        "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-legacy: "
+        "spec.values.gpus: expected a list, got null"
+    )
+    other = check_app(
+        new=vm("tenant-b", "v", L40S), old=None, apps=[legacy], tenants=tenants, classes=CLASSES
+    )
+    assert other.allowed and other.skipped == (legacy.unreadable,)
+    # the app under review's own stored release is replaced by the new value, never read
+    replaced = App("tenant-a", VM_INSTANCE, "v", unreadable=legacy.unreadable)
+    assert admit(vm("tenant-a", "v", L40S), [replaced], tenants)[0]
+
+
+def test_a_tenant_release_that_names_no_tenant_fails_closed_beneath_where_it_lives() -> None:
+    nameless = Tenant("tenant-a", None, {}, "HelmRelease tenant-a/odd: metadata.labels: no name")
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant("tenant-root", "b", {TOTAL_KEY: 4}),
+        nameless,
+    ]
+    assert not admit(vm("tenant-a", "v", L40S), [], tenants)[0]
+    assert not admit(vm("tenant-a-q", "v", L40S), [], tenants)[0]
+    assert admit(vm("tenant-b", "v", L40S), [], tenants)[0]
+
+
+def test_reviews_that_cannot_grow_need_no_input() -> None:
+    assert cannot_grow(vm("ns", "v"), None)
+    old = vm("ns", "v", L40S, H100)
+    assert cannot_grow(vm("ns", "v", H100), old)
+    assert not cannot_grow(vm("ns", "v", L40S, L40S), old)
+    workers = pool("ns", "p", L40S, max_replicas=3)
+    assert cannot_grow(pool("ns", "p", L40S, max_replicas=2), workers)
+    assert not cannot_grow(pool("ns", "p", L40S), workers)  # unset is 10
+    assert not cannot_grow(vm("ns", "v", L40S), None)
+
+
+def test_declarations_that_cannot_matter_need_no_input() -> None:
+    assert not declaration_needs_input(tenant("tenant-root", "a"), None)
+    assert not declaration_needs_input(
+        tenant("tenant-root", "a"), tenant("tenant-root", "a", {TOTAL_KEY: 1})
+    )
+    assert declaration_needs_input(tenant("tenant-root", "a", {"requests.cpu": 1}), None)
+    assert declaration_needs_input(tenant("tenant-root", "a", {TOTAL_KEY: 1}), None)
+    assert declaration_needs_input(
+        tenant("tenant-root", "a", {"requests.cpu": 1}),
+        tenant("tenant-root", "a", {"requests.cpu": 1, TOTAL_KEY: 1}),
+    )

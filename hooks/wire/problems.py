@@ -1,0 +1,36 @@
+"""What a decoding failure says, in words a person can act on: the field and what was wrong.
+
+`spec.values.gpus: expected a list, got null` rather than msgspec's
+"Expected `array`, got `null` - at `$.spec.values.gpus`". Messages name fields and types, never
+values, so they are safe to log and to return.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+_TYPE_WORDS = {
+    "array": "a list",
+    "object": "a map",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+}
+_BACKTICKED = re.compile(r"`([^`]*)`")
+
+
+def _words(type_text: str) -> str:
+    return " or ".join(_TYPE_WORDS.get(part.strip(), part.strip()) for part in type_text.split("|"))
+
+
+def field_problem(error: msgspec.ValidationError) -> str:
+    """`<field path>: <what was wrong>`, or just what was wrong at the top level."""
+    message, _, path = str(error).partition(" - at `$")
+    reason = _BACKTICKED.sub(lambda match: _words(match.group(1)), message)
+    reason = reason[:1].lower() + reason[1:]
+    path = path.rstrip("`").lstrip(".")
+    return f"{path}: {reason}" if path else reason

@@ -1,0 +1,243 @@
+"""The pool invariant of GPU budgets under random tenant trees and random admitted operations.
+
+For every pool P and budget key K it declares: reservations of P's members + carve-outs of the
+bounded tenants in P <= P's budget for K. Starting from a consistent tree, random CREATE and UPDATE
+operations of Tenants, VMInstances and KubernetesNodes go through the webhook's own review
+functions and are applied only when admitted; the invariant is checked after every step.
+
+The model below is written apart from `hooks.rules.budget` on purpose: it states the invariant and
+what a consistent tree is, and the webhook must agree with it on every verdict. A false denial (the
+root tenant counted as its own sub-tenant) fails the test as surely as an escape (a budget passed
+through an unbounded intermediate tenant).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hooks.controllers.admission import review_app, review_tenant
+from hooks.rules.budget import App, Tenancy, Tenant
+from hooks.rules.classes import ClassIdentity
+from hooks.wire.admission import AdmissionRequest
+
+L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
+CLASSES = (
+    ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, L40S),
+    ClassIdentity("h100", "2026-02-01T00:00:00Z", False, H100),
+)
+CLASS_OF = {L40S: "l40s.gpuclass.cozystack.io/devices", H100: "h100.gpuclass.cozystack.io/devices"}
+TOTAL = "gpuclass.cozystack.io/devices"
+BUDGET_KEYS = (TOTAL, *CLASS_OF.values())
+QUOTA_KEYS = (*BUDGET_KEYS, "requests.cpu")
+NAMES = ("a", "b", "c", "d", "e", "f")
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def own_namespace(release_namespace: str, name: str) -> str:
+    if release_namespace == "tenant-root":
+        return "tenant-root" if name == "root" else f"tenant-{name}"
+    return f"{release_namespace}-{name}"
+
+
+def parent_of(namespace: str) -> str | None:
+    if namespace == "tenant-root":
+        return None
+    head = namespace.rsplit("-", 1)[0]
+    return "tenant-root" if head == "tenant" else head
+
+
+@dataclass
+class Cluster:
+    # (release namespace, name) -> resourceQuotas in devices
+    tenants: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    # (namespace, kind, name) -> (gpus, maxReplicas)
+    apps: dict[tuple[str, str, str], tuple[tuple[str, ...], int | None]] = field(
+        default_factory=dict
+    )
+
+    def copy(self) -> Cluster:
+        return Cluster(dict(self.tenants), dict(self.apps))
+
+    # What the webhook reads.
+    def classes(self) -> list[ClassIdentity]:
+        return list(CLASSES)
+
+    def tenancy(self) -> Tenancy:
+        return Tenancy(
+            tuple(Tenant(r, n, dict(d)) for (r, n), d in self.tenants.items()),
+            tuple(App(ns, k, n, g, m) for (ns, k, n), (g, m) in self.apps.items()),
+        )
+
+    # The invariant, stated from scratch.
+    def declarations(self) -> dict[str, dict[str, int]]:
+        """Bounded tenants by the namespace they own."""
+        return {own_namespace(r, n): d for (r, n), d in self.tenants.items() if d}
+
+    def pool_of(self, namespace: str | None) -> str | None:
+        bounded = self.declarations()
+        while namespace is not None and namespace not in bounded:
+            namespace = parent_of(namespace)
+        return namespace
+
+    def held(self, pool: str, key: str) -> int:
+        """Reservations of the pool's members plus the carve-outs of bounded tenants in it."""
+        total = 0
+        for (namespace, kind, _), (gpus, max_replicas) in self.apps.items():
+            if self.pool_of(namespace) == pool:
+                times = 1
+                if kind == "KubernetesNodes":
+                    times = 10 if max_replicas is None else max_replicas
+                per_key = Counter(CLASS_OF[g] for g in gpus)
+                total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
+        for namespace, declared in self.declarations().items():
+            if namespace != pool and self.pool_of(parent_of(namespace)) == pool:
+                total += declared.get(key, 0)
+        return total
+
+    def breaches(self) -> list[str]:
+        return [
+            f"{pool} {key}: {self.held(pool, key)} held of {declared[key]}"
+            for pool, declared in self.declarations().items()
+            for key in BUDGET_KEYS
+            if key in declared and self.held(pool, key) > declared[key]
+        ]
+
+    def inconsistencies(self) -> list[str]:
+        """A bounded tenant leaving out a budget key of the pool it carves out of."""
+        declared = self.declarations()
+        found = []
+        for namespace, keys in declared.items():
+            pool = self.pool_of(parent_of(namespace))
+            if pool is not None:
+                missing = [k for k in BUDGET_KEYS if k in declared[pool] and k not in keys]
+                found += [f"{namespace} leaves out {k} of {pool}" for k in missing]
+        return found
+
+
+# --- operations through the webhook ----------------------------------------------------------
+
+
+def request(kind: str, namespace: str, name: str, spec: Any, old_spec: Any | None) -> bytes:
+    def obj(value: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": namespace}, "spec": value}
+
+    body: dict[str, Any] = {
+        "uid": "u",
+        "kind": {"group": "apps.cozystack.io", "version": "v1alpha1", "kind": kind},
+        "namespace": namespace,
+        "name": name,
+        "operation": "CREATE" if old_spec is None else "UPDATE",
+        "object": obj(spec),
+    }
+    if old_spec is not None:
+        body["oldObject"] = obj(old_spec)
+    return json.dumps(body).encode()
+
+
+def decode(body: bytes) -> AdmissionRequest:
+    return msgspec.json.decode(body, type=AdmissionRequest)
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> Cluster:
+    """A bounded root over a chain at least four tenants deep (a -> b -> c -> d, all unbounded),
+    more unbounded tenants hung anywhere, and apps within the root's budget."""
+    cluster = Cluster()
+    cluster.tenants[("tenant-root", "root")] = {}
+    chain = ["tenant-root"]
+    for name in ("a", "b", "c", "d"):
+        cluster.tenants[(chain[-1], name)] = {}
+        chain.append(own_namespace(chain[-1], name))
+    for name in draw(st.lists(st.sampled_from(("e", "f")), max_size=2, unique=True)):
+        cluster.tenants[(draw(st.sampled_from(chain)), name)] = {}
+    namespaces = [own_namespace(r, n) for r, n in cluster.tenants]
+    for index in range(draw(st.integers(0, 4))):
+        namespace = draw(st.sampled_from(namespaces))
+        kind, gpus, replicas = draw(app_specs())
+        cluster.apps[(namespace, kind, f"app{index}")] = (gpus, replicas)
+    root_quota = {"requests.cpu": 0}
+    for key in draw(st.lists(st.sampled_from(BUDGET_KEYS), min_size=1, unique=True)):
+        # Consistent by construction: only the root is bounded, and holds what is reserved.
+        cluster.tenants[("tenant-root", "root")] = {key: 0}
+        root_quota[key] = cluster.held("tenant-root", key) + draw(st.integers(0, 8))
+    cluster.tenants[("tenant-root", "root")] = root_quota
+    assert not cluster.breaches() and not cluster.inconsistencies()
+    return cluster
+
+
+@st.composite
+def app_specs(draw: st.DrawFn) -> tuple[str, tuple[str, ...], int | None]:
+    kind = draw(st.sampled_from(("VMInstance", "KubernetesNodes")))
+    gpus = tuple(draw(st.lists(st.sampled_from((L40S, H100)), max_size=3)))
+    replicas = draw(st.none() | st.integers(0, 3)) if kind == "KubernetesNodes" else None
+    return kind, gpus, replicas
+
+
+declarations = st.dictionaries(st.sampled_from(QUOTA_KEYS), st.integers(0, 12), max_size=4)
+
+
+def app_body(gpus: tuple[str, ...], replicas: int | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"gpus": [{"name": g} for g in gpus]}
+    if replicas is not None:
+        spec["maxReplicas"] = replicas
+    return spec
+
+
+def step(cluster: Cluster, data: st.DataObject) -> tuple[bool, str, Cluster]:
+    """One random operation: what the webhook said, and the cluster if it were applied."""
+    after = cluster.copy()
+    namespaces = sorted(own_namespace(r, n) for r, n in cluster.tenants)
+    what = data.draw(st.sampled_from(("declare", "new tenant", "app", "app")))
+    if what == "app":
+        namespace = data.draw(st.sampled_from(namespaces))
+        kind, gpus, replicas = data.draw(app_specs())
+        name = data.draw(st.sampled_from(("v1", "v2", "p1")))
+        previous = cluster.apps.get((namespace, kind, name))
+        old = app_body(*previous) if previous else None
+        body = request(kind, namespace, name, app_body(gpus, replicas), old)
+        verdict = review_app(decode(body), cluster).verdict
+        after.apps[(namespace, kind, name)] = (gpus, replicas)
+    else:
+        if what == "declare":
+            release, name = data.draw(st.sampled_from(sorted(cluster.tenants)))
+        else:
+            release = data.draw(st.sampled_from(namespaces))
+            name = data.draw(st.sampled_from(NAMES))
+        quota = data.draw(declarations)
+        previous_quota = cluster.tenants.get((release, name))
+        old = {"resourceQuotas": previous_quota} if previous_quota is not None else None
+        body = request("Tenant", release, name, {"resourceQuotas": quota}, old)
+        verdict = review_tenant(decode(body), cluster).verdict
+        after.tenants[(release, name)] = quota
+    return verdict.allowed, verdict.message, after
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(start=trees(), data=st.data(), steps=st.integers(1, 40))
+def test_pool_invariant_holds_after_every_admitted_operation(
+    start: Cluster, data: st.DataObject, steps: int
+) -> None:
+    cluster = start
+    for _ in range(steps):
+        allowed, message, after = step(cluster, data)
+        expected = not after.breaches() and not after.inconsistencies()
+        assert allowed == expected, (
+            f"webhook {'admitted' if allowed else 'denied'} ({message}); the model says "
+            f"{after.breaches() + after.inconsistencies() or 'consistent and within budget'}"
+        )
+        if allowed:
+            cluster = after
+        assert not cluster.breaches()
