@@ -35,11 +35,11 @@ SIZES ?= S,M
 bench: $(BIN)/gpuclass-hooks
 	$(BIN)/python -m bench.run --sizes $(SIZES)
 
-# Coverage-guided fuzzing of the hook routes (atheris); not in CI. FUZZ_SECONDS bounds a run.
+# Coverage-guided fuzzing of the hook and admission routes (atheris); not in CI. FUZZ_SECONDS bounds a run.
 FUZZ_SECONDS ?= 300
 fuzz: $(BIN)/gpuclass-hooks
 	$(BIN)/pip install --quiet atheris
-	mkdir -p .fuzz-corpus && cp examples/*.json .fuzz-corpus/
+	$(BIN)/python fuzz/fuzz_hooks.py seed .fuzz-corpus examples
 	$(BIN)/python fuzz/fuzz_hooks.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .fuzz-corpus
 
 clean:

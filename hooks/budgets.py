@@ -50,6 +50,8 @@ _GPUCLASS = msgspec.json.Decoder(GPUClass)
 def _problem(error: Exception) -> str:
     if isinstance(error, msgspec.ValidationError):
         return field_problem(error)
+    if isinstance(error, msgspec.DecodeError):
+        return "not valid JSON"
     return "nested too deeply"
 
 
@@ -60,11 +62,11 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
         head: ReleaseHead = release
         values: AppSpec | None = release.spec.values
         problem = None
-    except (msgspec.ValidationError, RecursionError) as error:
+    except (msgspec.DecodeError, RecursionError) as error:
         values, problem = None, _problem(error)
         try:
             head = _HEAD.decode(raw)
-        except (msgspec.ValidationError, RecursionError):
+        except (msgspec.DecodeError, RecursionError):
             # Not even where it lives: every verdict that reads the tenancy must fail closed.
             return Tenant("", None, unreadable=f"HelmRelease (unnamed): {problem}")
     meta = head.metadata
@@ -111,7 +113,7 @@ class BudgetReader:
                 for raw in self._api.list(GPUCLASSES):
                     try:
                         classes.append(class_identity(_GPUCLASS.decode(raw)))
-                    except (msgspec.ValidationError, RecursionError) as error:
+                    except (msgspec.DecodeError, RecursionError) as error:
                         raise InputUnreadable(f"GPUClass: {_problem(error)}") from None
             except ApiUnreadable as error:
                 raise InputUnreadable(f"could not list GPUClasses ({error})") from None

@@ -4,6 +4,7 @@ error; never 500, never a hang, and the service keeps serving afterwards."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from hooks.app import create_app
+from hooks.rules.budget import TOTAL_KEY, Tenancy, Tenant, class_key
+from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from tests.builders import (
+    GPU,
+    admission_review,
     gpuclass,
     license_sync_request,
     licensed_class,
@@ -277,3 +282,228 @@ def test_service_keeps_serving_after_the_storm(client: FlaskClient) -> None:
     for body in RAW_BODIES:
         client.post("/status/sync", data=body)
     still_serving(client)
+
+
+# --- the admission routes: what tenants' own actions reach ------------------------------------
+
+ADMISSION_ROUTES = ("/admit/gpu-budget", "/admit/tenant-gpu-keys")
+HTTPS = "https://localhost"
+
+
+class BoundedTenantA:
+    """Inputs with one bounded tenant, so that reviews reach the arithmetic."""
+
+    def classes(self) -> list[ClassIdentity]:
+        return [ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU)]
+
+    def tenancy(self) -> Tenancy:
+        return Tenancy((Tenant("tenant-root", "a", {TOTAL_KEY: 4, class_key("l40s"): 2}),), ())
+
+
+@pytest.fixture(scope="module")
+def admission_client() -> FlaskClient:
+    return create_app(Settings(), budgets=BoundedTenantA()).test_client()
+
+
+def assert_reviewed(response: Any, uid: str | None = None) -> dict[str, Any] | None:
+    """A 400 with a short JSON error, or an AdmissionReview answer for the uid; never 5xx."""
+    assert response.status_code in (200, 400), response.status_code
+    payload = json.loads(response.get_data())
+    if response.status_code == 400:
+        assert set(payload) == {"error"} and len(payload["error"]) < 2_000
+        return None
+    assert (payload["apiVersion"], payload["kind"]) == ("admission.k8s.io/v1", "AdmissionReview")
+    answer: dict[str, Any] = payload["response"]
+    assert isinstance(answer["allowed"], bool)
+    if uid is not None:
+        assert answer["uid"] == uid
+    if answer["allowed"]:
+        assert set(answer) == {"uid", "allowed"}
+    else:
+        assert answer["status"]["code"] == 403
+        assert 0 < len(answer["status"]["message"]) < 2_000
+    return answer
+
+
+@pytest.mark.parametrize("route", ADMISSION_ROUTES)
+@pytest.mark.parametrize("body", RAW_BODIES, ids=lambda b: repr(b[:24]))
+def test_admission_malformed_bodies_are_400(
+    admission_client: FlaskClient, route: str, body: bytes
+) -> None:
+    response = admission_client.post(route, data=body, base_url=HTTPS)
+    assert response.status_code == 400
+    assert_reviewed(response)
+
+
+def review_variants(kind: str, route: str) -> list[tuple[dict[str, Any], str]]:
+    """(review, expectation): "400" when the review itself is unreadable, "denied" when it is
+    readable but the object under review is not (and the route checks that kind), "allowed" for
+    what the route does not check, "answered" when either verdict is fine."""
+    ours = (kind == "Tenant") == (route == "/admit/tenant-gpu-keys")
+    spec = {"gpus": [{"name": GPU}]} if kind != "Tenant" else {"resourceQuotas": {TOTAL_KEY: "1"}}
+    good = admission_review(kind, "tenant-a", "x", spec, operation="UPDATE", old_spec=spec)
+    variants: list[tuple[dict[str, Any], str]] = []
+    missing_uid = json.loads(json.dumps(good))
+    del missing_uid["request"]["uid"]
+    variants.append((missing_uid, "400"))
+    for value in (None, 0, "x", [], True):
+        broken = json.loads(json.dumps(good))
+        broken["request"] = value
+        variants.append((broken, "400"))
+        for field in ("uid", "kind", "namespace", "operation"):
+            broken = json.loads(json.dumps(good))
+            broken["request"][field] = value
+            # a string is a string: only the kind (a group/version/kind map) refuses one
+            readable = isinstance(value, str) and field != "kind"
+            variants.append((broken, "answered" if readable else "400"))
+        broken = json.loads(json.dumps(good))
+        broken["request"]["object"] = value
+        variants.append((broken, "denied" if ours else "allowed"))
+        broken = json.loads(json.dumps(good))
+        broken["request"]["object"]["spec"] = value
+        variants.append((broken, "denied" if ours and value is not None else "answered"))
+        broken = json.loads(json.dumps(good))
+        broken["request"]["oldObject"] = value  # only the baseline of growth: never a 400
+        variants.append((broken, "answered"))
+    wrong_kind = json.loads(json.dumps(good))
+    wrong_kind["request"]["kind"] = {"group": "", "version": "v1", "kind": "Pod"}
+    variants.append((wrong_kind, "allowed"))
+    return variants
+
+
+@pytest.mark.parametrize("route", ADMISSION_ROUTES)
+@pytest.mark.parametrize("kind", ["VMInstance", "KubernetesNodes", "Tenant"])
+def test_admission_wrong_types_at_every_level(
+    admission_client: FlaskClient, route: str, kind: str
+) -> None:
+    for review, expected in review_variants(kind, route):
+        response = admission_client.post(route, json=review, base_url=HTTPS)
+        answer = assert_reviewed(response)
+        if expected == "400":
+            assert response.status_code == 400, review
+        elif expected == "denied":
+            assert answer is not None and answer["allowed"] is False, review
+        elif expected == "allowed":
+            assert answer is not None and answer["allowed"] is True, review
+        else:
+            assert answer is not None, review
+
+
+def test_admission_deeply_nested_and_huge_objects_are_answered(
+    admission_client: FlaskClient,
+) -> None:
+    nested = b'{"a":' * 50_000 + b"1" + b"}" * 50_000
+    review = json.dumps(admission_review("VMInstance", "tenant-a", "x", {})).encode()
+    body = review.replace(b'"spec": {}', b'"spec": ' + nested)
+    response = admission_client.post("/admit/gpu-budget", data=body, base_url=HTTPS)
+    assert response.status_code == 400
+    assert response.json == {"error": "request body is nested too deeply"}
+    many = admission_review("VMInstance", "tenant-a", "x", {"gpus": [{"name": GPU}] * 200_000})
+    answer = assert_reviewed(admission_client.post("/admit/gpu-budget", json=many, base_url=HTTPS))
+    assert answer is not None and answer["allowed"] is False
+    assert "needs 200000" in answer["status"]["message"]
+    huge = admission_review(
+        "Tenant", "tenant-a", "x" * 1_000_000, {"resourceQuotas": {"k" * 1_000_000: "1"}}
+    )
+    assert_reviewed(admission_client.post("/admit/tenant-gpu-keys", json=huge, base_url=HTTPS))
+
+
+def test_admission_a_huge_worker_pool_of_unmapped_devices_is_counted_not_built(
+    admission_client: FlaskClient,
+) -> None:
+    spec = {"gpus": [{"name": "nvidia.com/NOT_A_CLASS"}] * 3, "maxReplicas": 10**15}
+    pool = admission_review("KubernetesNodes", "tenant-a", "w", spec)
+    answer = assert_reviewed(admission_client.post("/admit/gpu-budget", json=pool, base_url=HTTPS))
+    assert answer is not None and answer["allowed"] is False
+    assert "map to no GPUClass" in answer["status"]["message"]
+
+
+def test_admission_negative_max_replicas_is_denied_naming_the_field(
+    admission_client: FlaskClient,
+) -> None:
+    spec = {"gpus": [{"name": GPU}], "maxReplicas": -100}
+    pool = admission_review("KubernetesNodes", "tenant-a", "w", spec)
+    answer = assert_reviewed(admission_client.post("/admit/gpu-budget", json=pool, base_url=HTTPS))
+    assert answer is not None and answer["status"]["message"] == (
+        "object is not a valid app: spec.maxReplicas: expected an integer >= 0"
+    )
+
+
+finite_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+admission_specs = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpus": st.lists(st.fixed_dictionaries({"name": st.sampled_from([GPU, "x", ""])}))
+        | finite_json,
+        "maxReplicas": st.integers(-(2**70), 2**70) | finite_json,
+        "resourceQuotas": st.dictionaries(
+            st.sampled_from([TOTAL_KEY, class_key("l40s"), "xgpuclass.cozystack.io/devices"]),
+            st.sampled_from(["1", "-1", "1500m", "1e3", "", 3, 2.5, None, True]) | finite_json,
+        )
+        | finite_json,
+    },
+)
+
+
+@hypothesis_settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    route=st.sampled_from(ADMISSION_ROUTES),
+    kind=st.sampled_from(["VMInstance", "KubernetesNodes", "Tenant", "Postgres"]),
+    operation=st.sampled_from(["CREATE", "UPDATE", "DELETE", "CONNECT", ""]),
+    spec=admission_specs,
+    old_spec=admission_specs | finite_json,
+)
+def test_admission_generated_reviews_are_answered(
+    admission_client: FlaskClient,
+    route: str,
+    kind: str,
+    operation: str,
+    spec: dict[str, Any],
+    old_spec: Any,
+) -> None:
+    review = admission_review(
+        "Tenant" if kind == "Postgres" else kind, "tenant-a", "x", spec, old_spec=old_spec
+    )
+    review["request"]["operation"] = operation
+    review["request"]["kind"]["kind"] = kind
+    response = admission_client.post(route, json=review, base_url=HTTPS)
+    assert response.status_code == 200
+    assert_reviewed(response, uid=review["request"]["uid"])
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize(
+    ("route", "example"),
+    [
+        ("/status/sync", "status-sync.json"),
+        ("/status/customize", "status-customize.json"),
+        ("/license/sync", "license-sync.json"),
+        ("/license/customize", "license-customize.json"),
+        ("/admit/gpu-budget", "admission-vminstance.json"),
+    ],
+)
+def test_invalid_utf8_inside_an_object_is_never_a_500(
+    admission_client: FlaskClient, route: str, example: str
+) -> None:
+    # msgspec checks a raw sub-object's UTF-8 only when that object is decoded on its own.
+    body = (EXAMPLES / example).read_bytes().replace(b'"uid-', b'"\xff\xfe-', 1)
+    body = body.replace(b"tenant-a", b"tenant-\xff", 1) if b'"\xff' not in body else body
+    assert b"\xff" in body
+    response = admission_client.post(route, data=body, base_url=HTTPS)
+    assert response.status_code in (200, 400), response.get_data()
+    payload = json.loads(response.get_data())
+    assert set(payload) == {"error"} or response.status_code == 200

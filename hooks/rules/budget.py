@@ -201,10 +201,13 @@ def class_for_resource(resource: str, classes: Iterable[ClassIdentity]) -> Class
 
 @dataclass(frozen=True)
 class Reservation:
-    """What an app reserves per budget key (the total key included), and its unmapped entries."""
+    """What an app reserves per budget key (the total key included), and the devices of entries
+    that map to no class: their resource names, and how many devices they stand for (counted, not
+    repeated: maxReplicas is the tenant's to choose)."""
 
     keys: Mapping[str, int] = field(default_factory=dict)
-    unmapped: tuple[str, ...] = ()
+    unmapped: frozenset[str] = frozenset()
+    unmapped_devices: int = 0
 
     def get(self, key: str) -> int:
         return self.keys.get(key, 0)
@@ -236,7 +239,7 @@ def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservatio
     total = sum(keys.values())
     if total:
         keys[TOTAL_KEY] = total
-    return Reservation(keys, tuple(unmapped) * times)
+    return Reservation(keys, frozenset(unmapped), len(unmapped) * times)
 
 
 def cannot_grow(new: App, old: App | None) -> bool:
@@ -375,8 +378,8 @@ def check_app(
     wanted, before = reservation(new, classes), reservation(old, classes)
     pool = pools.name(root)
     budget = pools.budget(root)
-    if len(wanted.unmapped) > len(before.unmapped) and budget:
-        names = ", ".join(sorted(set(wanted.unmapped)))
+    if wanted.unmapped_devices > before.unmapped_devices and budget:
+        names = ", ".join(sorted(wanted.unmapped))
         return Verdict(
             False,
             f"gpus entries {names} map to no GPUClass, and the pool of {pool} declares a GPU "

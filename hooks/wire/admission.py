@@ -44,8 +44,10 @@ def decode_review(body: bytes) -> AdmissionRequest:
         review = msgspec.json.decode(body, type=AdmissionReview)
     except msgspec.ValidationError as error:
         raise BadRequest(f"invalid AdmissionReview: {error}") from None
-    except (msgspec.DecodeError, RecursionError):
+    except msgspec.DecodeError:
         raise BadRequest("request body is not valid JSON") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if review.api_version != ADMISSION_API_VERSION or review.kind != "AdmissionReview":
         raise BadRequest(f"not an {ADMISSION_API_VERSION} AdmissionReview")
     if review.request is None:
@@ -53,10 +55,17 @@ def decode_review(body: bytes) -> AdmissionRequest:
     return review.request
 
 
+# Messages quote names and keys from the request; the API server relays them to the client and
+# into events, so a hostile name must not make them unbounded.
+MAX_MESSAGE = 1_000
+
+
 def review_response(uid: str, allowed: bool, message: str = "") -> dict[str, Any]:
     """The answer: HTTP 200 always; a denial carries code 403 and a message a tenant can act on."""
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 1] + "…"
         response["status"] = {"code": 403, "message": message}
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
@@ -116,5 +125,8 @@ def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
         return msgspec.json.decode(raw, type=AppObject)
     except msgspec.ValidationError as error:
         raise BadRequest(f"{field} is not a valid app: {field_problem(error)}") from None
+    except msgspec.DecodeError:
+        # The review decoded, but its Raw object holds invalid UTF-8 (checked only now).
+        raise BadRequest(f"{field} is not valid JSON") from None
     except RecursionError:
         raise BadRequest(f"{field} is not a valid app: nested too deeply") from None

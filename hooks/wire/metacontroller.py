@@ -124,7 +124,7 @@ def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
         raise BadRequest(f"request has no {field}")
     try:
         parent = msgspec.json.decode(raw, type=GPUClass)
-    except (msgspec.ValidationError, RecursionError) as error:
+    except (msgspec.DecodeError, RecursionError) as error:
         raise BadRequest(f"{field} is not a valid object: {error}") from None
     if parent.api_version != GPUCLASS_API_VERSION or parent.kind != GPUCLASS_KIND:
         raise BadRequest(f"{field} is not a {GPUCLASS_API_VERSION} {GPUCLASS_KIND}")
@@ -256,6 +256,6 @@ def decode_group(
     for name, raw in group.items():
         try:
             objects.append(decoder.decode(raw))
-        except (msgspec.ValidationError, RecursionError):
+        except (msgspec.DecodeError, RecursionError):
             invalid.append(name)
     return DecodedGroup(objects, invalid)
