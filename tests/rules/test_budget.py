@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hooks.rules.budget import (
     FAILED_CLOSED,
     KUBERNETES_NODES,
@@ -10,6 +12,7 @@ from hooks.rules.budget import (
     App,
     Pools,
     Tenant,
+    Verdict,
     cannot_grow,
     check_app,
     check_declaration,
@@ -457,3 +460,54 @@ def test_declarations_that_cannot_matter_need_no_input() -> None:
         tenant("tenant-root", "a", {"requests.cpu": 1}),
         tenant("tenant-root", "a", {"requests.cpu": 1, TOTAL_KEY: 1}),
     )
+
+
+def test_readme_denials_are_what_the_rules_say() -> None:
+    """The README's worked example (tenant acme), replayed: every message it shows is exact."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    l40s, h100 = class_key("l40s-24q"), class_key("h100")
+    classes = (
+        ClassIdentity("l40s-24q", "2026-01-01T00:00:00Z", False, L40S),
+        ClassIdentity("h100", "2026-01-01T00:00:00Z", False, H100),
+    )
+    acme = tenant("tenant-root", "acme", {TOTAL_KEY: 4, l40s: 2})
+    lab = tenant("tenant-acme", "lab", {TOTAL_KEY: 1, l40s: 0})
+    lab_with_cpu = tenant("tenant-acme", "lab", {TOTAL_KEY: 1, l40s: 0, "requests.cpu": 2})
+    tenants = [tenant("tenant-root", "root"), acme, lab, tenant("tenant-acme", "team")]
+    render = vm("tenant-acme", "render", L40S, L40S)
+    legacy = App(
+        "tenant-acme",
+        VM_INSTANCE,
+        "legacy",
+        unreadable="HelmRelease tenant-acme/vm-instance-legacy: spec.values.gpus: expected a "
+        "list, got null",
+    )
+
+    def app(new: App, apps: list[App] = [render]) -> Verdict:  # noqa: B006
+        return check_app(new=new, old=None, apps=apps, tenants=tenants, classes=classes)
+
+    def declare(new: Tenant, old: Tenant | None = None, others: list[Tenant] = tenants) -> Verdict:
+        return check_declaration(new=new, old=old, apps=[render], tenants=others, classes=classes)
+
+    denials = [
+        app(vm("tenant-acme", "more", L40S)),
+        app(pool("tenant-acme", "workers", H100)),
+        app(vm("tenant-acme", "odd", "nvidia.com/A100")),
+        app(vm("tenant-acme", "more", H100), [render, legacy]),
+        declare(tenant("tenant-acme", "dev", {"requests.cpu": 4})),
+        declare(tenant("tenant-acme", "dev", {TOTAL_KEY: 2, l40s: 0})),
+        declare(tenant("tenant-acme-team", "dev", {TOTAL_KEY: 2, l40s: 0})),
+        declare(tenant("tenant-root", "acme", {TOTAL_KEY: 1, l40s: 2}), acme),
+        declare(
+            tenant("tenant-acme", "lab", {"requests.cpu": 2}),
+            lab_with_cpu,
+            [*tenants[:2], lab_with_cpu, tenants[3]],
+        ),
+        declare(tenant("tenant-root", "acme", {TOTAL_KEY: 4, l40s: 2, h100: 2}), acme),
+        declare(tenant("tenant-root", "acme", {"l40s-24qgpuclass.cozystack.io/devices": 2})),
+    ]
+    for verdict in denials:
+        assert not verdict.allowed
+        assert f"denied: `{verdict.message}`" in readme, verdict.message
+    assert app(vm("tenant-acme-team", "x", H100)).allowed
+    assert app(vm("tenant-acme", "render", L40S)).allowed
