@@ -10,14 +10,18 @@ cache=${GPUCLASS_TESTENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuclass-hooks/t
 mkdir -p "$cache"
 
 # The versions are the ones each wrapper module requires; the binary's name carries its version.
-build() {  # build NAME MODULE_DIR PACKAGE MODULE_PATH
-  local name=$1 dir=$here/$2 package=$3 module=$4 version out
+build() {  # build NAME MODULE_DIR PACKAGE MODULE_PATH [LDFLAGS...]
+  local name=$1 dir=$here/$2 package=$3 module=$4 version out ldflags minor
   version=$(awk -v m="$module" '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 ~ /^v/ {print $2; exit}' "$dir/go.mod")
   [ -n "$version" ] || { echo "no version of $module in $dir/go.mod" >&2; exit 1; }
   out=$cache/$name-$version
   if [ ! -x "$out" ]; then
     echo "building $name $version (cached in $cache)" >&2
-    (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -o "$out.tmp" "$package")
+    ldflags=${5:-}
+    ldflags=${ldflags//@VERSION@/$version}
+    minor=${version#v*.}
+    ldflags=${ldflags//@MINOR@/${minor%%.*}}
+    (cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$package")
     mv "$out.tmp" "$out"
   fi
   ln -sf "$name-$version" "$cache/$name"
@@ -35,5 +39,9 @@ fi
 ln -sf "helm-$helm_version" "$cache/helm"
 
 build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
-build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes
+# As Kubernetes' own build does: without the version stamped in, the server reports v0.0.0 and
+# helm refuses charts that require a Kubernetes version.
+kube_version=k8s.io/component-base/version
+build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes \
+  "-X $kube_version.gitVersion=@VERSION@ -X $kube_version.gitMajor=1 -X $kube_version.gitMinor=@MINOR@ -X $kube_version.gitTreeState=clean"
 echo "$cache"

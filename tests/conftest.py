@@ -7,6 +7,7 @@ import pytest
 
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, fake_apiserver
+from tests.controlplane import ControlPlane, control_plane
 
 
 @pytest.fixture
@@ -30,3 +31,10 @@ def settings(apiserver: FakeApiServer, token_file: Path, tmp_path: Path) -> Sett
         kube_ca_file=tmp_path / "no-ca.crt",
         kubevirt_cache_seconds=0,
     )
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd and kube-apiserver, started once per test run (only when a test asks for them)."""
+    with control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
+        yield plane

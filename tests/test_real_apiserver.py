@@ -1,0 +1,528 @@
+"""Against a real kube-apiserver (1.36) and etcd, started by the tests (tests/controlplane.py):
+the chart installed with helm, the GPUClass CRD's validation and printer columns, the chart's
+RBAC with a real ServiceAccount token, the KubeVirt read, the budget webhook called by the API
+server itself, and status writes the way Metacontroller makes them.
+
+A fake answers what its author believed; the API server prunes unknown fields, runs CEL, enforces
+RBAC and calls webhooks only over verified HTTPS.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trustme
+import yaml
+
+from hooks.app import create_app
+from hooks.kubevirt import KubeVirtReader
+from hooks.rules.budget import TOTAL_KEY
+from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
+from hooks.settings import Settings
+from hooks.wire.kube import KubeVirt
+from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
+from tests.chart import CHART, helm
+from tests.controlplane import ControlPlane, collection_path, object_path
+from tests.live import LiveServer, live_server
+
+MANIFESTS = Path(__file__).parent / "manifests"
+ROOT = Path(__file__).parent.parent
+RELEASE, NAMESPACE = "gpu", "cozy-gpu"
+FULLNAME = "gpu-gpuclass-hooks"
+KUBEVIRT_NAMESPACE = "cozy-kubevirt"
+GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
+TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
+
+
+def manifests(name: str) -> list[dict[str, Any]]:
+    documents: list[dict[str, Any]] = yaml.safe_load((MANIFESTS / name).read_text())["documents"]
+    return documents
+
+
+def differences(expected: Any, actual: Any, path: str = "", omitempty: bool = False) -> list[str]:
+    """Where the stored object lacks or changed what was written (defaults it added are fine).
+
+    With `omitempty` (built-in kinds, whose Go types drop empty optional strings when they store
+    them), a missing field that was written as "" is the same field; custom resources keep "".
+    """
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return [f"{path}: {actual!r} is not a map"]
+        found = []
+        for key, value in expected.items():
+            if key in actual:
+                found += differences(value, actual[key], f"{path}.{key}", omitempty)
+            elif not (omitempty and value == ""):
+                found.append(f"{path}.{key}: pruned")
+        return found
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return [f"{path}: {actual!r} is not {expected!r}"]
+        return [
+            difference
+            for index, (item, stored) in enumerate(zip(expected, actual, strict=True))
+            for difference in differences(item, stored, f"{path}[{index}]", omitempty)
+        ]
+    return [] if expected == actual else [f"{path}: {actual!r} is not {expected!r}"]
+
+
+# --- the chart, installed -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hook_pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The hooks' serving certificate (for 127.0.0.1) and its CA."""
+    directory = tmp_path_factory.mktemp("hook-pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", f"{FULLNAME}.{NAMESPACE}.svc")
+    paths = {name: directory / name for name in ("ca.crt", "tls.crt", "tls.key")}
+    ca.cert_pem.write_to_path(str(paths["ca.crt"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["tls.crt"]))
+    server.private_key_pem.write_to_path(str(paths["tls.key"]))
+    return paths
+
+
+INSTALL_VALUES = (
+    "tls.enabled=true",
+    "tls.certManager.enabled=false",
+    f"tls.existingSecret={FULLNAME}-tls",
+    "auth.enabled=true",
+    "admission.enabled=true",
+    "gpuOperator.variant=vgpu",
+)
+
+
+@pytest.fixture(scope="module")
+def installed(kube: ControlPlane, hook_pki: dict[str, Path]) -> list[dict[str, Any]]:
+    """`helm install` of the chart (TLS from an existing Secret, bearer auth, the admission
+    webhook) after Metacontroller's CRDs; the objects helm created, as it rendered them."""
+    kube.apply(*manifests("metacontroller-crds.yaml"))
+    kube.namespace(NAMESPACE)
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": f"{FULLNAME}-tls", "namespace": NAMESPACE},
+            "data": {
+                key: base64.b64encode(path.read_bytes()).decode() for key, path in hook_pki.items()
+            },
+        }
+    )
+    command = [helm(), "install", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    command += ["--kubeconfig", str(kube.kubeconfig)]
+    for value in INSTALL_VALUES:
+        command += ["--set", value]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    kube.wait_established("gpuclasses.cozystack.io")  # helm does not wait for crds/ to be served
+    manifest = subprocess.run(
+        [helm(), "get", "manifest", RELEASE, "-n", NAMESPACE, "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return [document for document in yaml.safe_load_all(manifest) if document]
+
+
+def test_helm_install_every_object_stored_as_written(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    kinds = sorted({document["kind"] for document in installed})
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CompositeController",
+        "DecoratorController",
+        "Deployment",
+        "PodDisruptionBudget",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+        "ValidatingWebhookConfiguration",
+    ]
+    for document in installed:
+        located = {**document, "metadata": {"namespace": NAMESPACE, **document["metadata"]}}
+        stored = kube.request("GET", object_path(located))
+        assert stored.status_code == 200, (document["kind"], stored.text)
+        custom = document["apiVersion"].startswith("metacontroller.k8s.io/")
+        assert differences(document, stored.json(), omitempty=not custom) == [], document["kind"]
+    crd = yaml.safe_load((CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text())
+    stored_crd = kube.request(
+        "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+    ).json()
+    assert differences(crd["spec"], stored_crd["spec"]) == []
+
+
+def test_controllers_keep_their_hooks_credentials_included(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    for kind in ("CompositeController", "DecoratorController"):
+        [rendered] = [d for d in installed if d["kind"] == kind]
+        stored = kube.request("GET", object_path(rendered)).json()
+        assert stored["spec"]["hooks"] == rendered["spec"]["hooks"]
+        for hook in stored["spec"]["hooks"].values():
+            webhook = hook["webhook"]
+            assert hook["version"] == "v2"
+            assert webhook["authorization"]["secretRef"]["name"] == f"{FULLNAME}-hook-token"
+            assert webhook["caBundle"]["secretRef"] == {
+                "name": f"{FULLNAME}-tls",
+                "namespace": NAMESPACE,
+                "key": "ca.crt",
+            }
+    [webhooks] = [d for d in installed if d["kind"] == "ValidatingWebhookConfiguration"]
+    # helm's lookup read the CA bundle from the existing Secret in the cluster
+    ca = base64.b64decode(webhooks["webhooks"][0]["clientConfig"]["caBundle"])
+    assert b"BEGIN CERTIFICATE" in ca
+
+
+# --- the GPUClass CRD ---------------------------------------------------------------------------
+
+
+def readme_classes() -> list[dict[str, Any]]:
+    """The README's GPUClass, with and without its license, and the example cluster's classes."""
+    blocks = [
+        yaml.safe_load(block.split("```", 1)[0])
+        for block in (ROOT / "README.md").read_text().split("```yaml\n")[1:]
+    ]
+    [example] = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "GPUClass"]
+    [license_block] = [b for b in blocks if isinstance(b, dict) and set(b) == {"spec"}]
+    example.pop("status")
+    licensed = copy.deepcopy(example)
+    licensed["metadata"]["name"] = "l40s-24q-licensed"
+    licensed["spec"].update(license_block["spec"])
+    classes = [example, licensed]
+    for item in yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())["items"]:
+        if item["kind"] == "GPUClass":
+            item["metadata"] = {"name": "cluster-" + item["metadata"]["name"]}
+            classes.append(item)
+    return classes
+
+
+def test_crd_accepts_the_readme_examples(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    for gpuclass in readme_classes():
+        response = kube.request("POST", GPUCLASSES, gpuclass)
+        assert response.status_code == 201, response.text
+        kube.delete(f"{GPUCLASSES}/{gpuclass['metadata']['name']}", wait=False)
+
+
+def refused(kube: ControlPlane, gpuclass: dict[str, Any]) -> str:
+    response = kube.request("POST", GPUCLASSES, gpuclass)
+    assert response.status_code == 422, response.text
+    message: str = response.json()["message"]
+    return message
+
+
+def a_class(name: str = "probe", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": name},
+        "spec": {"resourceName": GPU, **spec},
+    }
+
+
+def test_crd_cel_rules_refuse_what_they_must(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    license = {"secretRef": {"name": "nvidia-license"}}
+    assert "DNS-1123 label of at most 63 characters" in refused(kube, a_class("a" * 64))
+    assert "kubernetes.io domain" in refused(kube, a_class(resourceName="kubernetes.io/gpu"))
+    assert "kubernetes.io domain" in refused(kube, a_class(resourceName="node.kubernetes.io/gpu"))
+    assert "must not start with requests." in refused(
+        kube, a_class(resourceName="requests.nvidia.com/gpu")
+    )
+    assert "gridd.conf is generated" in refused(
+        kube, a_class(license={"secretRef": {"name": "n", "key": "gridd.conf"}})
+    )
+    assert "empty key requires operator Exists" in refused(
+        kube, a_class(tolerations=[{"operator": "Equal", "value": "x"}])
+    )
+    for feature_type in (0, 3, 5):
+        message = refused(kube, a_class(license={**license, "featureType": feature_type}))
+        assert "featureType" in message and "supported values" in message
+    # the boundaries are accepted: 63 characters, an empty key with Exists
+    for ok in (a_class("a" * 63), a_class("wildcard", tolerations=[{"operator": "Exists"}])):
+        assert kube.request("POST", GPUCLASSES, ok).status_code == 201
+        kube.delete(f"{GPUCLASSES}/{ok['metadata']['name']}", wait=False)
+
+
+# --- status, the way Metacontroller writes it ----------------------------------------------------
+
+
+@pytest.fixture
+def stored_class(kube: ControlPlane, installed: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    created = kube.request("POST", GPUCLASSES, a_class("stored", displayName="L40S"))
+    assert created.status_code == 201, created.text
+    yield created.json()
+    kube.delete(f"{GPUCLASSES}/stored")
+
+
+class Permitted:
+    """The KubeVirt read has its own test; here the status only needs the class permitted."""
+
+    def view(self) -> KubeVirtFound:
+        devices = {"mediatedDevices": [{"resourceName": GPU}]}
+        cr = {"spec": {"configuration": {"permittedHostDevices": devices}}}
+        return KubeVirtFound(msgspec.convert(cr, KubeVirt), f"{KUBEVIRT_NAMESPACE}/kubevirt")
+
+
+def test_status_written_to_the_subresource_reads_back_identical(
+    kube: ControlPlane, stored_class: dict[str, Any]
+) -> None:
+    app = create_app(
+        Settings(),
+        kubevirt=Permitted(),  # type: ignore[arg-type]
+        clock=lambda: datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    request = status_sync_request(stored_class, nodes=[node("gpu-1", gpus=4)])
+    status = app.test_client().post("/status/sync", json=request).json["status"]
+    assert status["free"] == 4 and status["maxFreePerNode"] == 4
+    assert [c["type"] for c in status["conditions"]][-1] == "Ready"
+    # Metacontroller injects observedGeneration, then PUTs the status subresource.
+    written = {**stored_class, "status": {**status, "observedGeneration": 1}}
+    response = kube.request("PUT", f"{GPUCLASSES}/stored/status", written)
+    assert response.status_code == 200, response.text
+    assert kube.request("GET", f"{GPUCLASSES}/stored").json()["status"] == written["status"]
+
+
+def test_printer_columns_render(kube: ControlPlane, stored_class: dict[str, Any]) -> None:
+    status = {"free": 6, "maxFreePerNode": 2, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+         "lastTransitionTime": "2026-12-01T00:00:00Z", "observedGeneration": 1}]}  # fmt: skip
+    written = {**stored_class, "status": status}
+    assert kube.request("PUT", f"{GPUCLASSES}/stored/status", written).status_code == 200
+    table = kube.request("GET", f"{GPUCLASSES}/stored", headers={"Accept": TABLE}).json()
+    columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
+    assert columns == [
+        ("Name", 0),
+        ("Resource", 0),
+        ("Free", 0),
+        ("MaxPerNode", 0),
+        ("Ready", 0),
+        ("Age", 0),
+        ("License", 1),
+    ]
+    [row] = table["rows"]
+    assert row["cells"][:5] == ["stored", GPU, 6, 2, "True"]
+
+
+# --- RBAC, with a real token of the chart's ServiceAccount -------------------------------------
+
+
+def ensure_kubevirt(kube: ControlPlane) -> None:
+    kube.apply(*manifests("kubevirt-crd.yaml"))
+    kube.namespace(KUBEVIRT_NAMESPACE)
+    for name in ("kubevirt", "other"):
+        kube.apply(
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "KubeVirt",
+                "metadata": {"name": name, "namespace": KUBEVIRT_NAMESPACE},
+                "spec": {
+                    "configuration": {
+                        "permittedHostDevices": {"mediatedDevices": [{"resourceName": GPU}]}
+                    }
+                },
+            }
+        )
+
+
+@pytest.fixture(scope="module")
+def chart_token(kube: ControlPlane, installed: list[dict[str, Any]]) -> str:
+    return kube.service_account_token(NAMESPACE, FULLNAME)
+
+
+def test_chart_rbac_kubevirt_read_is_the_configured_object_only(
+    kube: ControlPlane, chart_token: str
+) -> None:
+    ensure_kubevirt(kube)
+    kubevirts = f"/apis/kubevirt.io/v1/namespaces/{KUBEVIRT_NAMESPACE}/kubevirts"
+    assert kube.request("GET", f"{kubevirts}/kubevirt", token=chart_token).status_code == 200
+    assert kube.request("GET", f"{kubevirts}/other", token=chart_token).status_code == 403
+    assert kube.request("GET", kubevirts, token=chart_token).status_code == 403
+
+
+def test_chart_rbac_admission_lists_what_it_reads_and_nothing_else(
+    kube: ControlPlane, chart_token: str
+) -> None:
+    kube.apply(*manifests("cozystack-crds.yaml"))
+    helmreleases = "/apis/helm.toolkit.fluxcd.io/v2/helmreleases"
+    assert kube.request("GET", GPUCLASSES, token=chart_token).status_code == 200
+    assert kube.request("GET", helmreleases, token=chart_token).status_code == 200
+    forbidden = [
+        ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{FULLNAME}-tls"),
+        ("GET", "/api/v1/secrets"),
+        ("GET", "/api/v1/pods"),
+        ("GET", "/api/v1/nodes"),
+        ("GET", "/api/v1/namespaces"),
+        ("GET", f"{GPUCLASSES}/any"),
+        ("GET", f"{helmreleases}?watch=true"),
+        ("DELETE", f"{GPUCLASSES}/any"),
+        ("POST", "/apis/helm.toolkit.fluxcd.io/v2/namespaces/default/helmreleases"),
+        ("GET", "/apis/apps.cozystack.io/v1alpha1/tenants"),
+    ]
+    for method, path in forbidden:
+        response = kube.request(method, path, {} if method == "POST" else None, token=chart_token)
+        assert response.status_code == 403, (method, path, response.status_code)
+
+
+# --- the KubeVirt reader against the real server -------------------------------------------------
+
+
+def test_kubevirt_reader_outcomes(kube: ControlPlane, chart_token: str, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(chart_token)
+
+    def read(name: str = "kubevirt", token: Path = token_file) -> Any:
+        settings = Settings(
+            kube_api=kube.url,
+            kube_token_file=token,
+            kube_ca_file=kube.ca_file,
+            kubevirt_name=name,
+            kubevirt_cache_seconds=0,
+        )
+        return KubeVirtReader(settings).view()
+
+    kube.delete("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/kubevirts.kubevirt.io")
+    assert read() == KubeVirtAbsent(f"{KUBEVIRT_NAMESPACE}/kubevirt")  # the API is not served
+    kube.apply(*manifests("kubevirt-crd.yaml"))
+    kube.namespace(KUBEVIRT_NAMESPACE)
+    assert read() == KubeVirtAbsent(f"{KUBEVIRT_NAMESPACE}/kubevirt")  # served, no object
+    ensure_kubevirt(kube)
+    found = read()
+    assert isinstance(found, KubeVirtFound)
+    devices = found.kubevirt.spec.configuration.permitted_host_devices
+    assert [d.resource_name for d in devices.mediated_devices] == [GPU]
+    forbidden = read("other")  # RBAC grants the configured name only
+    assert isinstance(forbidden, KubeVirtUnreadable) and "HTTP 403" in forbidden.detail
+    stranger = tmp_path / "stranger"
+    stranger.write_text("not-a-token")
+    unauthenticated = read(token=stranger)
+    assert isinstance(unauthenticated, KubeVirtUnreadable) and "HTTP 401" in unauthenticated.detail
+
+
+# --- the budget webhook, called by the API server ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def webhook_server(
+    kube: ControlPlane,
+    installed: list[dict[str, Any]],
+    chart_token: str,
+    hook_pki: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LiveServer]:
+    """The real server (gunicorn, HTTPS) reading the cluster with the chart's ServiceAccount, and
+    the chart's ValidatingWebhookConfiguration pointed at it with its CA bundle."""
+    directory = tmp_path_factory.mktemp("webhook")
+    token_file = directory / "token"
+    token_file.write_text(chart_token)
+    env = {
+        "GPUCLASS_TLS_CERT_FILE": str(hook_pki["tls.crt"]),
+        "GPUCLASS_TLS_KEY_FILE": str(hook_pki["tls.key"]),
+        "GPUCLASS_KUBE_API": kube.url,
+        "GPUCLASS_KUBE_TOKEN_FILE": str(token_file),
+        "GPUCLASS_KUBE_CA_FILE": str(kube.ca_file),
+    }
+    kube.apply(*manifests("cozystack-crds.yaml"))
+    with live_server(env, directory, scheme="https", verify=str(hook_pki["ca.crt"])) as server:
+        [configuration] = [d for d in installed if d["kind"] == "ValidatingWebhookConfiguration"]
+        configuration = copy.deepcopy(configuration)
+        ca_bundle = base64.b64encode(hook_pki["ca.crt"].read_bytes()).decode()
+        for webhook in configuration["webhooks"]:
+            path = webhook["clientConfig"]["service"]["path"]
+            webhook["clientConfig"] = {"url": f"{server.url}{path}", "caBundle": ca_bundle}
+        kube.apply(configuration)
+        yield server
+
+
+def app_object(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def store(kube: ControlPlane, kind: str, namespace: str, name: str, values: dict[str, Any]) -> None:
+    """What Cozystack stores for an app: a HelmRelease labelled with its kind and name."""
+    kube.apply(helmrelease(kind, namespace, name, values))
+
+
+@pytest.fixture(scope="module")
+def tenants(kube: ControlPlane, webhook_server: LiveServer) -> None:
+    """Tenant a (2 devices in all) with the VM render (1 device), and an unbounded tenant u in a."""
+    for namespace in ("tenant-root", "tenant-a", "tenant-a-u"):
+        kube.namespace(namespace)
+    kube.apply(
+        {
+            "apiVersion": "cozystack.io/v1alpha1",
+            "kind": "GPUClass",
+            "metadata": {"name": "l40s"},
+            "spec": {"resourceName": GPU},
+        }
+    )
+    store(kube, "Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "2"}})
+    store(kube, "Tenant", "tenant-a", "u", {})
+    store(kube, "VMInstance", "tenant-a", "render", {"gpus": gpus(GPU)})
+
+
+def create(kube: ControlPlane, document: dict[str, Any]) -> tuple[int, str]:
+    response = kube.request("POST", collection_path(document), document)
+    return response.status_code, response.json().get("message", "")
+
+
+def test_api_server_calls_the_webhook_and_relays_its_verdicts(
+    kube: ControlPlane, tenants: None
+) -> None:
+    assert create(kube, app_object("VMInstance", "tenant-a", "one", {"gpus": gpus(GPU)}))[0] == 201
+    store(kube, "VMInstance", "tenant-a", "one", {"gpus": gpus(GPU)})
+    code, message = create(kube, app_object("VMInstance", "tenant-a", "two", {"gpus": gpus(GPU)}))
+    assert code == 403
+    assert message == (
+        'admission webhook "gpu-budget.gpuclass.cozystack.io" denied the request: '
+        f"{TOTAL_KEY}: this VMInstance needs 1, the pool of tenant a (tenant-a) has 0 left "
+        "(budget 2, 0 carved out for sub-tenants, 2 reserved by other apps)"
+    )
+    code, message = create(
+        kube, app_object("KubernetesNodes", "tenant-a-u", "workers", {"gpus": gpus(GPU)})
+    )
+    assert code == 403 and "this KubernetesNodes needs 10, the pool of tenant a" in message
+    # a GPU-less VM reads nothing and passes
+    assert create(kube, app_object("VMInstance", "tenant-a", "plain", {"gpus": []}))[0] == 201
+
+
+def test_api_server_relays_the_declaration_gate(kube: ControlPlane, tenants: None) -> None:
+    # through an unbounded intermediate tenant, the limit is still a's pool (issue 12, point 2)
+    code, message = create(
+        kube, app_object("Tenant", "tenant-a-u", "w", {"resourceQuotas": {TOTAL_KEY: "1000"}})
+    )
+    assert code == 403
+    assert message.endswith(
+        f"{TOTAL_KEY}: tenant w declares 1000, the pool of tenant a (tenant-a) can give 0 "
+        "(budget 2, 0 carved out for other sub-tenants, 2 reserved by apps)"
+    )
+    code, message = create(
+        kube,
+        app_object(
+            "Tenant",
+            "tenant-a",
+            "t",
+            {"resourceQuotas": {"l40sgpuclass.cozystack.io/devices": "1"}},
+        ),
+    )
+    assert code == 403 and "l40sgpuclass.cozystack.io/devices: not a GPU budget key" in message
+    assert create(kube, app_object("Tenant", "tenant-a", "quiet", {"resourceQuotas": {}}))[0] == 201
