@@ -501,6 +501,10 @@ def test_api_server_calls_the_webhook_and_relays_its_verdicts(
         kube, app_object("KubernetesNodes", "tenant-a-u", "workers", {"gpus": gpus(GPU)})
     )
     assert code == 403 and "this KubernetesNodes needs 10, the pool of tenant a" in message
+    empty_pool = app_object(
+        "KubernetesNodes", "tenant-a-u", "standby", {"gpus": gpus(GPU), "maxReplicas": 0}
+    )
+    assert create(kube, empty_pool)[0] == 201
     # a GPU-less VM reads nothing and passes
     assert create(kube, app_object("VMInstance", "tenant-a", "plain", {"gpus": []}))[0] == 201
 
