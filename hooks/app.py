@@ -26,6 +26,7 @@ from hooks.controllers import admission, license, status
 from hooks.controllers.admission import AdmissionOutcome, BudgetInputs
 from hooks.kubevirt import KubeVirtReader
 from hooks.logs import log
+from hooks.memory import Admitted, MemoryBudget, NeverFits, configured_budget
 from hooks.metrics import ClassSample, Metrics
 from hooks.rules.capacity import InvalidObject
 from hooks.settings import Settings
@@ -40,6 +41,9 @@ from hooks.wire.metacontroller import (
 )
 
 JSON = "application/json"
+# Metacontroller requeues a 429 after Retry-After (any other code fails the sync with a Warning
+# event and exponential backoff); a few seconds lets the calls ahead finish.
+RETRY_AFTER_SECONDS = 5
 HOOK_PREFIXES = ("/status/", "/license/")
 Clock = Callable[[], datetime]
 Handler = Callable[[bytes], tuple[bytes, dict[str, Any]]]
@@ -55,7 +59,7 @@ def _json(payload: bytes, code: int = 200) -> Response:
 
 def _error(message: str, code: int) -> Response:
     response = _json(msgspec.json.encode({"error": message}), code)
-    if code in (401, 413):
+    if code in (401, 411, 413, 429):
         # The body was not read: closing spares gunicorn from draining it for keep-alive.
         response.headers["Connection"] = "close"
     return response
@@ -88,6 +92,7 @@ def create_app(
     state: ServiceState | None = None,
     metrics: Metrics | None = None,
     budgets: BudgetInputs | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Flask:
     app = Flask("hooks")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -98,6 +103,11 @@ def create_app(
     service = state or ServiceState()
     budget_inputs = budgets or BudgetReader(settings)
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+    if memory is None:
+        budget_bytes = configured_budget(settings.memory_budget_bytes, settings.memory_limit_bytes)
+        if budget_bytes is not None:
+            memory = MemoryBudget(budget_bytes, max_wait_seconds=settings.memory_wait_seconds)
+    exported.watch_memory(memory)
     app.extensions["gpuclass"] = {
         "settings": settings,
         "state": service,
@@ -120,6 +130,47 @@ def create_app(
         if tokens.accepts(request.headers.get("Authorization")):
             return None
         return _error("missing or invalid bearer token", 401)
+
+    @app.before_request
+    def reserve_memory() -> Response | None:
+        """After authentication: only callers that may call can hold or wait for the budget."""
+        if memory is None or request.method not in ("POST", "PUT", "PATCH"):
+            return None
+        length = request.content_length
+        if length is not None and length > settings.max_body_bytes:
+            return None  # refused unread with 413 by read_body
+        chunked = length is None and "chunked" in request.headers.get("Transfer-Encoding", "")
+        # A body of unknown length may be as large as the body limit.
+        reservation = memory.reserve(settings.max_body_bytes if chunked else (length or 0))
+        if isinstance(reservation, Admitted):
+            g.memory = reservation
+            if reservation.share:
+                exported.memory_wait.observe(reservation.waited)
+            return None
+        if isinstance(reservation, NeverFits):
+            code = 411 if chunked else 413
+            exported.memory_refused.labels(code=str(code)).inc()
+            if chunked:
+                return _error("send Content-Length: the memory budget reserves from it", 411)
+            return _error(
+                f"a body of {length} bytes needs {reservation.share} bytes of the memory budget "
+                f"({memory.budget_bytes} bytes) and can never fit: raise "
+                "GPUCLASS_MEMORY_BUDGET_BYTES or the memory limit, or shrink requests with "
+                "GPUCLASS_POD_SELECTOR and GPUCLASS_NODE_SELECTOR",
+                413,
+            )
+        exported.memory_refused.labels(code="429").inc()
+        exported.memory_wait.observe(reservation.waited)
+        response = _error("the service is at its memory budget: retry later", 429)
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+    @app.teardown_request
+    def release_memory(error: BaseException | None) -> None:
+        # Runs on every path: answered, refused, failed, or the client gone mid-body.
+        reservation = g.pop("memory", None)
+        if reservation is not None:
+            reservation.release()
 
     @app.after_request
     def record(response: Response) -> Response:

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hooks.memory import MemoryBudget
 from hooks.rules.capacity import Capacity
 from hooks.wire.kube import Condition
 
@@ -24,6 +25,7 @@ STATUS_RESYNC_SECONDS = 60
 STALE_AFTER_SECONDS = 3 * STATUS_RESYNC_SECONDS
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,41 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+
+        self.memory_budget = Gauge(
+            "cozystack_gpu_hook_memory_budget_bytes",
+            "The memory budget for request bodies in flight (0: none)",
+            registry=self.registry,
+        )
+        self.memory_reserved = Gauge(
+            "cozystack_gpu_hook_memory_reserved_bytes",
+            "Budget reserved by calls in flight (their expanded body sizes)",
+            registry=self.registry,
+        )
+        self.memory_waiting = Gauge(
+            "cozystack_gpu_hook_memory_waiting_calls",
+            "Calls waiting for the memory budget",
+            registry=self.registry,
+        )
+        self.memory_refused = Counter(
+            "cozystack_gpu_hook_memory_refused_total",
+            "Calls refused by the memory budget: 429 (waited too long), 413 or 411 (never fits)",
+            ["code"],
+            registry=self.registry,
+        )
+        self.memory_wait = Histogram(
+            "cozystack_gpu_hook_memory_wait_seconds",
+            "Time calls waited for the memory budget before they were admitted or refused",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def watch_memory(self, budget: MemoryBudget | None) -> None:
+        """Export the budget, and read what is reserved and waiting at each scrape."""
+        self.memory_budget.set(budget.budget_bytes if budget is not None else 0)
+        if budget is not None:
+            self.memory_reserved.set_function(lambda: budget.reserved_bytes)
+            self.memory_waiting.set_function(lambda: budget.waiting)
 
     def observe_call(self, route: str, code: int, seconds: float, body_bytes: int) -> None:
         self.requests.labels(route=route, code=str(code)).inc()

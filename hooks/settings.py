@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     max_body_bytes: Annotated[int, Field(ge=1024)] = 1024**3
     shutdown_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
     admission_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
+    # The memory budget for request bodies in flight (hooks.memory). Unset: derived from the
+    # container's memory limit (memory_limit_bytes, which the chart passes through the downward
+    # API, else the cgroup's); no limit, no budget. 0 turns it off.
+    memory_budget_bytes: Annotated[int, Field(ge=0)] | None = None
+    memory_limit_bytes: Annotated[int, Field(gt=0)] | None = None
+    # How long a call waits for the budget; below Metacontroller's hook timeout (30 s in the chart).
+    memory_wait_seconds: Annotated[float, Field(gt=0, le=60)] = 20.0
 
     @model_validator(mode="after")
     def _tls_files_go_together(self) -> Settings:

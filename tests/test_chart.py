@@ -182,12 +182,19 @@ def test_probe_paths_are_routes_the_app_serves(default_render: list[dict[str, An
 
 
 def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None:
-    env = {
-        e["name"]: e["value"]
-        for e in one(default_render, "Deployment")["spec"]["template"]["spec"]["containers"][0][
-            "env"
-        ]
-    }
+    entries = container_of(default_render)["env"]
+    env = env_of(default_render)
+    # The memory budget follows the container's own limit, through the downward API.
+    assert [e for e in entries if "value" not in e] == [
+        {
+            "name": "GPUCLASS_MEMORY_LIMIT_BYTES",
+            "valueFrom": {
+                "resourceFieldRef": {"containerName": "hooks", "resource": "limits.memory"}
+            },
+        }
+    ]
+    assert container_of(default_render)["name"] == "hooks"
+    assert container_of(default_render)["resources"]["limits"]["memory"] == "2Gi"
     assert env == {
         "GPUCLASS_ENABLED": "false",
         "GPUCLASS_KUBEVIRT_NAMESPACE": "cozy-kubevirt",
@@ -199,9 +206,10 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
         "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
+        "GPUCLASS_MEMORY_WAIT_SECONDS": "20",
     }
     # Every variable the chart sets is a real setting, and every value parses.
-    for name in env:
+    for name in [e["name"] for e in entries]:
         assert name.removeprefix("GPUCLASS_").lower() in Settings.model_fields
     Settings(**{k.removeprefix("GPUCLASS_").lower(): v for k, v in env.items()})
 
@@ -423,6 +431,11 @@ def container_of(documents: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
+def env_of(documents: list[dict[str, Any]]) -> dict[str, str]:
+    """The hook container's environment variables that have a literal value."""
+    return {e["name"]: e["value"] for e in container_of(documents)["env"] if "value" in e}
+
+
 def test_auth_and_tls_are_off_by_default(default_render: list[dict[str, Any]]) -> None:
     for hook in hooks_of(default_render).values():
         assert set(hook["webhook"]) == {"url", "timeout"}
@@ -471,8 +484,8 @@ def test_cert_manager_issues_ca_server_and_client_certificates() -> None:
 
 
 def test_deployment_gets_the_files_and_settings() -> None:
-    container = container_of(render(*SECURE))
-    env = {e["name"]: e["value"] for e in container["env"]}
+    documents = render(*SECURE)
+    container, env = container_of(documents), env_of(documents)
     assert env["GPUCLASS_AUTH_TOKEN_FILE"] == "/etc/gpuclass-hooks/auth/accepted-tokens"
     assert env["GPUCLASS_TLS_CERT_FILE"] == "/etc/gpuclass-hooks/tls/tls.crt"
     assert env["GPUCLASS_TLS_KEY_FILE"] == "/etc/gpuclass-hooks/tls/tls.key"
@@ -495,10 +508,7 @@ def test_probes_connect_only_when_client_certificates_are_required() -> None:
 
 
 def test_body_limit_and_metrics_auth_reach_the_service() -> None:
-    env = {
-        e["name"]: e["value"]
-        for e in container_of(render("maxBodyBytes=2048", "metrics.requireAuth=true"))["env"]
-    }
+    env = env_of(render("maxBodyBytes=2048", "metrics.requireAuth=true"))
     assert env["GPUCLASS_MAX_BODY_BYTES"] == "2048"
     assert env["GPUCLASS_METRICS_REQUIRE_AUTH"] == "true"
 
@@ -579,8 +589,7 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
         if b["roleRef"]["name"] == role["metadata"]["name"]
     )
     assert binding["subjects"][0]["name"] == one(documents, "ServiceAccount")["metadata"]["name"]
-    env = {e["name"]: e["value"] for e in container_of(documents)["env"]}
-    assert env["GPUCLASS_ADMISSION_CACHE_SECONDS"] == "5"
+    assert env_of(documents)["GPUCLASS_ADMISSION_CACHE_SECONDS"] == "5"
 
 
 @pytest.mark.parametrize(
@@ -601,3 +610,12 @@ def test_admission_webhook_refuses_settings_the_api_server_cannot_use(
         args += ["--set", value]
     result = helm_run(*args)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_the_memory_budget_can_be_set_or_turned_off() -> None:
+    for value, expected in (("1000000000", "1000000000"), ("0", "0")):
+        env = {
+            e["name"]: e.get("value")
+            for e in container_of(render(f"memoryBudget.bytes={value}"))["env"]
+        }
+        assert env["GPUCLASS_MEMORY_BUDGET_BYTES"] == expected

@@ -1,0 +1,312 @@
+"""The memory budget for request bodies in flight: its accounting, order and bounds, and how the
+routes use it. Not timed: speed and memory under load are measured by `make bench-load`."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+
+from hooks.app import RETRY_AFTER_SECONDS, create_app
+from hooks.memory import (
+    MIB,
+    Admitted,
+    MemoryBudget,
+    NeverFits,
+    TimedOut,
+    budget_for_limit,
+    configured_budget,
+    container_memory_limit,
+)
+from hooks.settings import Settings
+from tests.builders import gpuclass, node, status_sync_request
+
+KIB = 1024
+
+
+def budget(total: int = 100 * KIB, wait: float = 0.3, bypass: int = KIB) -> MemoryBudget:
+    return MemoryBudget(total, max_wait_seconds=wait, expansion=1.5, bypass_below_bytes=bypass)
+
+
+# --- the budget itself ------------------------------------------------------------------------
+
+
+def test_a_call_reserves_its_expanded_share_and_gives_it_back() -> None:
+    memory = budget()
+    reservation = memory.reserve(10 * KIB)
+    assert isinstance(reservation, Admitted) and reservation.share == 15 * KIB
+    assert memory.reserved_bytes == 15 * KIB
+    reservation.release()
+    reservation.release()  # once, however often
+    assert memory.reserved_bytes == 0
+
+
+def test_small_bodies_bypass_the_budget_even_when_it_is_full() -> None:
+    memory = budget()
+    held = memory.reserve(60 * KIB)  # 90 KiB of 100
+    assert isinstance(held, Admitted)
+    small = memory.reserve(KIB - 1)
+    assert isinstance(small, Admitted) and small.share == 0 and small.waited == 0
+    assert memory.reserved_bytes == 90 * KIB
+
+
+def test_a_share_larger_than_the_whole_budget_never_fits() -> None:
+    assert memory_never_fits(budget().reserve(67 * KIB))  # 100.5 KiB > 100 KiB
+
+
+def memory_never_fits(reservation: object) -> bool:
+    return isinstance(reservation, NeverFits)
+
+
+def test_the_wait_is_bounded() -> None:
+    memory = budget(wait=0.2)
+    held = memory.reserve(50 * KIB)
+    started = time.monotonic()
+    refused = memory.reserve(30 * KIB)
+    waited = time.monotonic() - started
+    assert isinstance(refused, TimedOut) and 0.2 <= waited < 1.0
+    assert memory.waiting == 0 and memory.reserved_bytes == 75 * KIB
+    assert isinstance(held, Admitted)
+
+
+def test_a_waiting_call_is_admitted_when_the_budget_frees() -> None:
+    memory = budget(wait=5)
+    held = memory.reserve(50 * KIB)
+    assert isinstance(held, Admitted)
+    threading.Timer(0.1, held.release).start()
+    later = memory.reserve(50 * KIB)
+    assert isinstance(later, Admitted) and 0.05 < later.waited < 5
+
+
+def test_first_come_first_served() -> None:
+    memory = budget(total=30 * KIB, wait=5)
+    held = memory.reserve(13 * KIB)  # 19.5 KiB of 30
+    assert isinstance(held, Admitted)
+    order: list[str] = []
+
+    def call(name: str, size: int) -> None:
+        reservation = memory.reserve(size)
+        assert isinstance(reservation, Admitted)
+        order.append(name)
+        reservation.release()
+
+    threads = []
+    # "first" (15 KiB) does not fit now; "second" (3 KiB) would, but it arrived later.
+    for name, size in (("first", 10 * KIB), ("second", 2 * KIB)):
+        thread = threading.Thread(target=call, args=(name, size))
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 5
+        while memory.waiting < len(threads):  # queued in this order
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+    time.sleep(0.05)
+    assert order == []  # the smaller, later call waits its turn
+    held.release()
+    for thread in threads:
+        thread.join(5)
+    assert order == ["first", "second"]
+
+
+# --- how much, by default ----------------------------------------------------------------------
+
+
+def test_the_default_budget_is_the_limit_less_what_the_process_keeps() -> None:
+    assert budget_for_limit(2048 * MIB) == 1792 * MIB
+    assert budget_for_limit(300 * MIB) == 150 * MIB  # small limits keep half
+    assert configured_budget(None, 2048 * MIB) == 1792 * MIB
+    assert configured_budget(5 * MIB, 2048 * MIB) == 5 * MIB  # the setting wins
+    assert configured_budget(0, 2048 * MIB) is None  # 0 turns it off
+    assert configured_budget(None, None, read_limit=lambda: 1024 * MIB) == 768 * MIB
+    assert configured_budget(None, None, read_limit=lambda: None) is None  # no limit, no budget
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"memory.max": "2147483648\n"}, 2147483648),
+        ({"memory.max": "max\n"}, None),
+        ({"memory/memory.limit_in_bytes": "1073741824\n"}, 1073741824),
+        ({"memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),
+        ({"memory.max": "garbage"}, None),
+        ({}, None),
+    ],
+)
+def test_the_container_limit_from_cgroup_v2_or_v1(
+    tmp_path: Path, files: dict[str, str], limit: int | None
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert container_memory_limit(tmp_path) == limit
+
+
+def test_settings_give_the_budget_to_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCLASS_MEMORY_LIMIT_BYTES", str(2048 * MIB))
+    metrics = create_app(Settings()).test_client().get("/metrics").get_data(as_text=True)
+    assert f"cozystack_gpu_hook_memory_budget_bytes {float(1792 * MIB):.9e}" in metrics
+    monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", "0")
+    metrics = create_app(Settings()).test_client().get("/metrics").get_data(as_text=True)
+    assert "cozystack_gpu_hook_memory_budget_bytes 0.0" in metrics
+
+
+# --- the routes ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def memory() -> MemoryBudget:
+    return budget(total=400 * KIB, wait=0.3)
+
+
+@pytest.fixture
+def client(settings: Settings, memory: MemoryBudget) -> FlaskClient:
+    small = settings.model_copy(update={"max_body_bytes": 200 * KIB})
+    return create_app(small, memory=memory).test_client()
+
+
+def sync_body(nodes: int = 40) -> bytes:
+    request = status_sync_request(gpuclass("a"), nodes=[node(f"gpu-{i}") for i in range(nodes)])
+    body = json.dumps(request).encode()
+    assert KIB < len(body) < 200 * KIB
+    return body
+
+
+def test_released_after_an_answer(client: FlaskClient, memory: MemoryBudget) -> None:
+    assert client.post("/status/sync", data=sync_body()).status_code == 200
+    assert memory.reserved_bytes == 0
+
+
+def test_released_after_a_400(client: FlaskClient, memory: MemoryBudget) -> None:
+    assert client.post("/status/sync", data=b"{" * 4096).status_code == 400
+    assert memory.reserved_bytes == 0
+
+
+def test_released_after_a_413(client: FlaskClient, memory: MemoryBudget) -> None:
+    response = client.post("/status/sync", data=b" " * (201 * KIB))
+    assert response.status_code == 413
+    assert memory.reserved_bytes == 0
+
+
+def test_released_after_a_500(
+    client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("hooks.controllers.status.sync", broken)
+    assert client.post("/status/sync", data=sync_body()).status_code == 500
+    assert memory.reserved_bytes == 0
+
+
+def test_released_when_the_client_goes_away_mid_body(
+    client: FlaskClient, memory: MemoryBudget
+) -> None:
+    body = sync_body()
+    response = client.post(
+        "/status/sync",
+        input_stream=io.BytesIO(body[: len(body) // 2]),
+        headers={"Content-Length": str(len(body)), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert memory.reserved_bytes == 0
+
+
+def test_held_while_the_call_runs(
+    client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hooks.controllers import status
+
+    seen: list[int] = []
+    real = status.sync
+
+    def observing(*args: object, **kwargs: object) -> object:
+        seen.append(memory.reserved_bytes)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("hooks.controllers.status.sync", observing)
+    body = sync_body()
+    assert client.post("/status/sync", data=body).status_code == 200
+    assert seen == [memory.share(len(body))]
+
+
+def test_a_call_that_waits_too_long_gets_429_with_retry_after(
+    client: FlaskClient, memory: MemoryBudget
+) -> None:
+    held = memory.reserve(260 * KIB)  # 390 KiB of 400: no body larger than 6 KiB fits
+    response = client.post("/status/sync", data=sync_body())
+    assert response.status_code == 429
+    assert response.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
+    assert response.json == {"error": "the service is at its memory budget: retry later"}
+    assert isinstance(held, Admitted)
+    held.release()
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'cozystack_gpu_hook_memory_refused_total{code="429"} 1.0' in metrics
+    assert "cozystack_gpu_hook_memory_wait_seconds_count 1.0" in metrics
+
+
+def test_a_call_that_can_never_fit_gets_413_naming_the_setting(
+    settings: Settings,
+) -> None:
+    memory = budget(total=100 * KIB)
+    client = create_app(settings, memory=memory).test_client()
+    body = sync_body(200)
+    assert memory.share(len(body)) > memory.budget_bytes
+    response = client.post("/status/sync", data=body)
+    assert response.status_code == 413
+    error = response.json["error"]
+    assert "GPUCLASS_MEMORY_BUDGET_BYTES" in error and "GPUCLASS_POD_SELECTOR" in error
+
+
+def test_a_chunked_body_that_could_exceed_the_budget_must_say_its_length(
+    settings: Settings,
+) -> None:
+    client = create_app(settings, memory=budget(total=100 * KIB)).test_client()
+    response = client.post(
+        "/status/sync",
+        input_stream=io.BytesIO(sync_body()),
+        headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 411
+
+
+def test_small_calls_are_never_stuck_behind_a_waiting_sync(
+    settings: Settings, memory: MemoryBudget
+) -> None:
+    app = create_app(settings, memory=memory)
+    held = memory.reserve(260 * KIB)
+    waiting = threading.Thread(
+        target=lambda: app.test_client().post("/status/sync", data=sync_body())
+    )
+    waiting.start()
+    deadline = time.monotonic() + 5
+    while memory.waiting == 0:
+        assert time.monotonic() < deadline, "the large call never waited"
+        time.sleep(0.005)
+    customize = {"controller": {}, "parent": gpuclass("a")}
+    started = time.monotonic()
+    assert app.test_client().post("/status/customize", json=customize).status_code == 200
+    assert memory.waiting == 1  # answered while the large call still waits
+    assert time.monotonic() - started < 0.25
+    waiting.join(5)
+    assert isinstance(held, Admitted)
+    held.release()
+
+
+def test_unauthenticated_callers_never_hold_the_budget(
+    settings: Settings, memory: MemoryBudget, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("right\n")
+    client = create_app(
+        settings.model_copy(update={"auth_token_file": tokens}), memory=memory
+    ).test_client()
+    held = memory.reserve(260 * KIB)
+    response = client.post("/status/sync", data=sync_body())
+    assert response.status_code == 401  # at once: it never queued
+    assert memory.waiting == 0
+    assert isinstance(held, Admitted)
