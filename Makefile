@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint tools fuzz bench clean
+.PHONY: run test lint tools fuzz bench bench-load clean
 
 $(BIN)/gpuclass-hooks: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,3 +44,7 @@ fuzz: $(BIN)/gpuclass-hooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, ~8 GB).
+bench-load: $(BIN)/gpuclass-hooks
+	$(BIN)/python -m bench.load

@@ -145,7 +145,8 @@ class Server:
 
 
 @contextmanager
-def serve(api: str, threads: int) -> Iterator[Server]:
+def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Iterator[Server]:
+    """`gpuclass-hooks serve` on loopback, with extra GPUCLASS_ settings if given."""
     with tempfile.TemporaryDirectory() as tmp:
         import socket
 
@@ -157,6 +158,7 @@ def serve(api: str, threads: int) -> Iterator[Server]:
             GPUCLASS_KUBE_API=api,
             GPUCLASS_KUBE_TOKEN_FILE=f"{tmp}/none",
             GPUCLASS_KUBEVIRT_CACHE_SECONDS="60",
+            **(settings or {}),
         )
         log = Path(tmp, "serve.log").open("wb")  # noqa: SIM115 - open as long as the server runs
         master = subprocess.Popen(
@@ -190,11 +192,13 @@ def serve(api: str, threads: int) -> Iterator[Server]:
 
 
 def post(url: str, body: bytes) -> bytes:
-    response = requests.post(
-        url, data=body, headers={"Content-Type": "application/json"}, timeout=120
-    )
+    response = answer(url, body)
     response.raise_for_status()
     return response.content
+
+
+def answer(url: str, body: bytes) -> requests.Response:
+    return requests.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=120)
 
 
 @dataclass
