@@ -15,8 +15,8 @@ deny a verdict only when that verdict's arithmetic reads them; any others are li
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
@@ -344,11 +344,16 @@ class Verdict:
 ALLOWED = Verdict(True)
 
 
-def _decided(verdict: Verdict, tenants: Iterable[Tenant], apps: Iterable[App]) -> Verdict:
-    """The verdict with the unreadable objects it did not need, for the route to log."""
-    if verdict.message.startswith(FAILED_CLOSED):
-        return verdict
-    return Verdict(verdict.allowed, verdict.message, unreadable_objects(tenants, apps))
+def _decided(
+    decide: Callable[[], Verdict], tenants: Iterable[Tenant], apps: Iterable[App]
+) -> Verdict:
+    """The verdict, denied naming the first unreadable object its arithmetic needed; otherwise
+    carrying the unreadable objects it did not need, for the route to log."""
+    try:
+        verdict = decide()
+    except FailedClosed as unreadable:
+        return Verdict(False, f"{FAILED_CLOSED}{unreadable}")
+    return replace(verdict, skipped=unreadable_objects(tenants, apps))
 
 
 def check_app(
@@ -368,13 +373,16 @@ def check_app(
     classes, tenants = tuple(classes), tuple(tenants)
     others = tuple(app for app in apps if app.identity != new.identity)
     pools = Pools(tenants, others)
+    return _decided(lambda: _app_verdict(new, old, pools, classes), tenants, others)
+
+
+def _app_verdict(
+    new: App, old: App | None, pools: Pools, classes: tuple[ClassIdentity, ...]
+) -> Verdict:
     root = pools.root(new.namespace)
     if root is None:
-        return _decided(ALLOWED, tenants, others)
-    try:
-        pools.require_readable(root)
-    except FailedClosed as unreadable:
-        return Verdict(False, f"{FAILED_CLOSED}{unreadable}")
+        return ALLOWED
+    pools.require_readable(root)
     wanted, before = reservation(new, classes), reservation(old, classes)
     pool = pools.name(root)
     budget = pools.budget(root)
@@ -398,7 +406,7 @@ def check_app(
                 f"left (budget {budget[key]}, {carved} carved out for sub-tenants, {reserved} "
                 "reserved by other apps)",
             )
-    return _decided(ALLOWED, tenants, others)
+    return ALLOWED
 
 
 def check_declaration(
@@ -422,13 +430,8 @@ def check_declaration(
         return Verdict(False, refused)
     others = tuple(t for t in tenants if not t.same_tenant(new))
     pools = Pools((*others, new), apps)
-    own = new.namespace
-    pool = pools.root(parent_namespace(own))
-    try:
-        verdict = _gate(new, old, pools, pool, classes)
-    except FailedClosed as unreadable:
-        return Verdict(False, f"{FAILED_CLOSED}{unreadable}")
-    return _decided(verdict, others, apps)
+    pool = pools.root(parent_namespace(new.namespace))
+    return _decided(lambda: _gate(new, old, pools, pool, classes), others, apps)
 
 
 def declaration_refused(new: Tenant) -> str | None:

@@ -511,3 +511,21 @@ def test_readme_denials_are_what_the_rules_say() -> None:
         assert f"denied: `{verdict.message}`" in readme, verdict.message
     assert app(vm("tenant-acme-team", "x", H100)).allowed
     assert app(vm("tenant-acme", "render", L40S)).allowed
+
+
+def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> None:
+    broken = broken_tenant("tenant-root", "x")
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 1}), broken]
+    verdict = check_app(
+        new=vm("tenant-a", "v", L40S, L40S), old=None, apps=[], tenants=tenants, classes=CLASSES
+    )
+    assert not verdict.allowed and "needs 2" in verdict.message
+    assert verdict.skipped == (broken.unreadable,)
+    declared = check_declaration(
+        new=tenant("tenant-a", "c", {TOTAL_KEY: 5}),
+        old=None,
+        apps=[],
+        tenants=tenants,
+        classes=CLASSES,
+    )
+    assert not declared.allowed and declared.skipped == (broken.unreadable,)
