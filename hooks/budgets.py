@@ -27,6 +27,7 @@ from hooks.rules.budget import (
     InputUnreadable,
     Tenancy,
     Tenant,
+    app_from,
     quota_problem,
     tenant_declaration,
 )
@@ -34,7 +35,7 @@ from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
 from hooks.wire.admission import AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
-from hooks.wire.problems import field_problem
+from hooks.wire.problems import decode_problem
 
 KIND_LABEL = "apps.cozystack.io/application.kind"
 NAME_LABEL = "apps.cozystack.io/application.name"
@@ -47,14 +48,6 @@ _HEAD = msgspec.json.Decoder(ReleaseHead)
 _GPUCLASS = msgspec.json.Decoder(GPUClass)
 
 
-def _problem(error: Exception) -> str:
-    if isinstance(error, msgspec.ValidationError):
-        return field_problem(error)
-    if isinstance(error, msgspec.DecodeError):
-        return "not valid JSON"
-    return "nested too deeply"
-
-
 def release_object(raw: msgspec.Raw) -> Tenant | App:
     """One HelmRelease of the tenancy as a Tenant or an App, marked when it cannot be read."""
     try:
@@ -63,7 +56,7 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
         values: AppSpec | None = release.spec.values
         problem = None
     except (msgspec.DecodeError, RecursionError) as error:
-        values, problem = None, _problem(error)
+        values, problem = None, decode_problem(error)
         try:
             head = _HEAD.decode(raw)
         except (msgspec.DecodeError, RecursionError):
@@ -81,14 +74,8 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
             problem = f"spec.values.{invalid}"
         unreadable = f"{where}: {problem}" if problem else None
         return Tenant(meta.namespace, name, tenant_declaration(quotas), unreadable)
-    return App(
-        meta.namespace,
-        kind,
-        name or "",
-        tuple(g.name for g in values.gpus) if values else (),
-        values.max_replicas if values else None,
-        f"{where}: {problem}" if problem else None,
-    )
+    unreadable = f"{where}: {problem}" if problem else None
+    return app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
 
 
 class BudgetReader:
@@ -114,7 +101,7 @@ class BudgetReader:
                     try:
                         classes.append(class_identity(_GPUCLASS.decode(raw)))
                     except (msgspec.DecodeError, RecursionError) as error:
-                        raise InputUnreadable(f"GPUClass: {_problem(error)}") from None
+                        raise InputUnreadable(f"GPUClass: {decode_problem(error)}") from None
             except ApiUnreadable as error:
                 raise InputUnreadable(f"could not list GPUClasses ({error})") from None
             self._classes = (now, classes)

@@ -21,9 +21,7 @@ from hooks import logs
 from hooks.settings import Settings, describe_error
 
 EXIT_USAGE = 2
-
-
-SWITCH_INTERVAL_SECONDS = 0.001
+SWITCH_INTERVAL_SECONDS = 0.001  # see serve()
 
 
 def _load_settings(**overrides: Any) -> Settings:

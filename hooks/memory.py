@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 MIB = 1024 * 1024
@@ -71,19 +71,19 @@ def configured_budget(
     return None if limit is None else budget_for_limit(limit)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Admitted:
     """A reservation; `release` gives it back (once, however often it is called)."""
 
     share: int
     waited: float
-    _release: Callable[[int], None]
-    _released: list[bool] = field(default_factory=lambda: [False])
+    give_back: Callable[[int], None]
+    released: bool = False
 
     def release(self) -> None:
-        if not self._released[0]:
-            self._released[0] = True
-            self._release(self.share)
+        if not self.released:
+            self.released = True
+            self.give_back(self.share)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,10 @@ class TimedOut:
 
 
 Reservation = Admitted | NeverFits | TimedOut
-BYPASS = Admitted(0, 0.0, lambda share: None)
+
+
+def _nothing_to_give_back(share: int) -> None:
+    pass
 
 
 class MemoryBudget:
@@ -140,7 +143,7 @@ class MemoryBudget:
     def reserve(self, body_bytes: int) -> Reservation:
         """Wait, in arrival order, until the call's share fits; at most `max_wait_seconds`."""
         if body_bytes < self.bypass_below_bytes:
-            return BYPASS
+            return Admitted(0, 0.0, _nothing_to_give_back)
         share = self.share(body_bytes)
         if share > self.budget_bytes:
             return NeverFits(share)

@@ -18,11 +18,11 @@ from hooks.rules.budget import (
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
-    App,
     InputUnreadable,
     Tenancy,
     Tenant,
     Verdict,
+    app_from,
     cannot_grow,
     check_app,
     check_declaration,
@@ -107,24 +107,8 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutc
     kind = request.kind.kind
     new_obj, old_obj = _new_object(request), _old_object(request)
     name = _name(request, new_obj)
-    new = App(
-        request.namespace,
-        kind,
-        name,
-        tuple(g.name for g in new_obj.spec.gpus),
-        new_obj.spec.max_replicas,
-    )
-    old = (
-        App(
-            request.namespace,
-            kind,
-            name,
-            tuple(g.name for g in old_obj.spec.gpus),
-            old_obj.spec.max_replicas,
-        )
-        if old_obj
-        else None
-    )
+    new = app_from(new_obj.spec, request.namespace, kind, name)
+    old = app_from(old_obj.spec, request.namespace, kind, name) if old_obj else None
     if cannot_grow(new, old):
         return _outcome(request, ALLOWED)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
-from hooks.wire.admission import QuotaValue
+from hooks.wire.admission import AppSpec, QuotaValue
 from hooks.wire.names import is_dns_label
 
 TOTAL_KEY = "gpuclass.cozystack.io/devices"
@@ -160,6 +160,14 @@ class Tenancy:
 class InputUnreadable(Exception):
     """Raised by whatever supplies the inputs when it cannot read them at all; the message says
     what, in words a tenant's denial can carry (the webhook fails closed)."""
+
+
+def app_from(
+    spec: AppSpec, namespace: str, kind: str, name: str, unreadable: str | None = None
+) -> App:
+    """An app from its spec (the object under review) or its HelmRelease's values."""
+    gpus = tuple(entry.name for entry in spec.gpus)
+    return App(namespace, kind, name, gpus, spec.max_replicas, unreadable)
 
 
 def tenant_declaration(quotas: Mapping[str, QuotaValue]) -> dict[str, int | None]:

@@ -8,7 +8,7 @@ import msgspec
 
 from hooks.wire.kube import ObjectMeta, is_absent
 from hooks.wire.metacontroller import BadRequest
-from hooks.wire.problems import field_problem
+from hooks.wire.problems import decode_problem
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -123,10 +123,5 @@ def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
         return None
     try:
         return msgspec.json.decode(raw, type=AppObject)
-    except msgspec.ValidationError as error:
-        raise BadRequest(f"{field} is not a valid app: {field_problem(error)}") from None
-    except msgspec.DecodeError:
-        # The review decoded, but its Raw object holds invalid UTF-8 (checked only now).
-        raise BadRequest(f"{field} is not valid JSON") from None
-    except RecursionError:
-        raise BadRequest(f"{field} is not a valid app: nested too deeply") from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise BadRequest(f"{field} is not a valid app: {decode_problem(error)}") from None

@@ -27,6 +27,16 @@ def _words(type_text: str) -> str:
     return " or ".join(_TYPE_WORDS.get(part.strip(), part.strip()) for part in type_text.split("|"))
 
 
+def decode_problem(error: msgspec.DecodeError | RecursionError) -> str:
+    """Why a sub-object did not decode: the field and what was wrong, invalid JSON (a Raw field's
+    UTF-8 is checked only when it is decoded), or nesting too deep for the decoder."""
+    if isinstance(error, msgspec.ValidationError):
+        return field_problem(error)
+    if isinstance(error, msgspec.DecodeError):
+        return "not valid JSON"
+    return "nested too deeply"
+
+
 def field_problem(error: msgspec.ValidationError) -> str:
     """`<field path>: <what was wrong>`, or just what was wrong at the top level."""
     message, _, path = str(error).partition(" - at `$")
