@@ -16,13 +16,13 @@ import atheris
 
 with atheris.instrument_imports(include=["hooks"]):
     from hooks.app import create_app
+    from hooks.routes import HOOKS
     from hooks.rules.budget import TOTAL_KEY, Tenancy, Tenant, class_key
     from hooks.rules.classes import ClassIdentity
     from hooks.settings import Settings
 
-HOOK_ROUTES = ("/status/sync", "/status/customize", "/license/sync", "/license/customize")
-ADMISSION_ROUTES = ("/admit/gpu-budget", "/admit/tenant-gpu-keys")
-ROUTES = HOOK_ROUTES + ADMISSION_ROUTES
+ROUTES = tuple(hook.path for hook in HOOKS)
+ADMISSION_ROUTES = tuple(hook.path for hook in HOOKS if hook.https_only)
 
 
 class FixedTenancy:

@@ -43,8 +43,12 @@ def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
     from hooks.app import create_app
+    from hooks.http import ServiceState
 
     settings = _load_settings()
+    # Made before gunicorn forks: each worker holds its own copy, which its app's readiness
+    # probe reads and its SIGTERM handler drains.
+    state = ServiceState()
     logs.configure()
     # A large sync runs Python for seconds; a small call that needs the interpreter waits up to
     # one switch interval each time it does. 1 ms instead of 5 keeps customize hooks, license
@@ -82,14 +86,13 @@ def serve(args: argparse.Namespace) -> int:
                     self.cfg.set(key, value)
 
         def load(self) -> Any:
-            return create_app(settings)
+            return create_app(settings, state=state)
 
     def drain_on_sigterm(worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the
         endpoints to drop this pod), gunicorn stops accepting and finishes in-flight calls
         within its graceful timeout."""
         stop = worker.handle_exit
-        state = worker.wsgi.extensions["gpuclass"]["state"]
 
         def on_sigterm(signum: int, frame: Any) -> None:
             state.drain()

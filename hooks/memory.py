@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hooks.settings import Settings
+
 MIB = 1024 * 1024
 EXPANSION = 1.5
 # Bodies below this bypass the budget; ten at once, expanded, stay within the reserve below.
@@ -167,3 +169,11 @@ class MemoryBudget:
         with self._changed:
             self._reserved -= share
             self._changed.notify_all()
+
+
+def memory_budget(settings: Settings) -> MemoryBudget | None:
+    """The service's budget as its settings and its container's limit make it; None for none."""
+    budget_bytes = configured_budget(settings.memory_budget_bytes, settings.memory_limit_bytes)
+    if budget_bytes is None:
+        return None
+    return MemoryBudget(budget_bytes, max_wait_seconds=settings.memory_wait_seconds)

@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from hooks.controllers.license import LicenseOutcome
+from hooks.controllers.status import StatusOutcome
+from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
 from hooks.rules.capacity import Capacity
 from hooks.wire.kube import Condition
@@ -212,6 +215,33 @@ class Metrics:
         if budget is not None:
             self.memory_reserved.set_function(lambda: budget.reserved_bytes)
             self.memory_waiting.set_function(lambda: budget.waiting)
+
+    def record_status(self, outcome: StatusOutcome) -> None:
+        """A status sync: forget deleted classes, and keep this class's computation."""
+        if outcome.known_classes is not None:
+            self.classes.retain_only(outcome.known_classes)
+        if outcome.conditions:
+            self.classes.record(
+                outcome.class_name,
+                ClassSample(
+                    resource=outcome.resource,
+                    capacity=outcome.capacity if outcome.exports_inventory else None,
+                    free=outcome.free,
+                    max_free_per_node=outcome.max_free_per_node,
+                    conditions=outcome.conditions,
+                    computed_at=self.classes.now(),
+                ),
+            )
+
+    def record_license(self, outcome: LicenseOutcome) -> None:
+        """A license sync: its copies, or no series for a class that holds no license."""
+        if outcome.plan is not None:
+            self.classes.record_license(outcome.class_name, len(outcome.plan.copies))
+        elif outcome.outcome in ("unlicensed", "disabled"):
+            self.classes.forget_license(outcome.class_name)
+
+    def record_kubevirt_read(self, outcome: ReadOutcome) -> None:
+        self.kubevirt_reads.labels(outcome=outcome).inc()
 
     def observe_call(self, route: str, code: int, seconds: float, body_bytes: int) -> None:
         self.requests.labels(route=route, code=str(code)).inc()

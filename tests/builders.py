@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -378,3 +379,11 @@ def admission_review(
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"},
         },
     }
+
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def example_of(route: str) -> bytes:
+    """The example request of a hook: `examples/<route with dashes>.json`, e.g. status-sync.json."""
+    return (EXAMPLES / f"{route.strip('/').replace('/', '-')}.json").read_bytes()

@@ -10,8 +10,11 @@ import pytest
 from flask.testing import FlaskClient
 
 from hooks.app import create_app
+from hooks.routes import HOOKS
 from hooks.settings import Settings
-from tests.builders import gpuclass, license_sync_request, status_sync_request
+from tests.builders import example_of, gpuclass, status_sync_request
+
+JSON = "application/json"
 
 
 @pytest.fixture
@@ -30,31 +33,31 @@ def bearer(token: str) -> dict[str, str]:
 
 
 BODY = status_sync_request(gpuclass("a"))
-BODIES = {
-    "/status/sync": BODY,
-    "/status/customize": {"parent": gpuclass("a")},
-    "/license/sync": license_sync_request(gpuclass("a"), secrets=[], namespaces=[]),
-    "/license/customize": {"parent": gpuclass("a")},
-}
+METACONTROLLER_HOOKS = [hook.path for hook in HOOKS if hook.needs_token]
 
 
-@pytest.mark.parametrize("route", sorted(BODIES))
+def test_every_hook_is_guarded_unless_the_api_server_calls_it() -> None:
+    # The API server sends no bearer token: its hooks are the HTTPS-only ones, and only those.
+    for hook in HOOKS:
+        assert hook.needs_token != hook.https_only, hook.path
+
+
+@pytest.mark.parametrize("route", METACONTROLLER_HOOKS)
 def test_every_hook_route_requires_the_token(
     settings: Settings, hook_tokens: Path, route: str
 ) -> None:
     client = client_for(settings, auth_token_file=hook_tokens)
-    body = BODIES[route]
-    missing = client.post(route, json=body)
+    body = example_of(route)
+
+    def post(headers: dict[str, str]) -> int:
+        return client.post(route, data=body, content_type=JSON, headers=headers).status_code
+
+    missing = client.post(route, data=body, content_type=JSON)
     assert missing.status_code == 401
     assert missing.json == {"error": "missing or invalid bearer token"}
-    assert client.post(route, json=body, headers=bearer("wrong")).status_code == 401
-    assert (
-        client.post(
-            route, json=body, headers={"Authorization": "Basic Zmlyc3QtdG9rZW4="}
-        ).status_code
-        == 401
-    )
-    assert client.post(route, json=body, headers=bearer("first-token")).status_code == 200
+    assert post(bearer("wrong")) == 401
+    assert post({"Authorization": "Basic Zmlyc3QtdG9rZW4="}) == 401
+    assert post(bearer("first-token")) == 200
 
 
 def test_token_is_checked_before_the_body_is_read(settings: Settings, hook_tokens: Path) -> None:

@@ -4,7 +4,6 @@ error; never 500, never a hang, and the service keeps serving afterwards."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,12 +13,14 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from hooks.app import create_app
+from hooks.routes import HOOKS
 from hooks.rules.budget import TOTAL_KEY, Tenancy, Tenant, class_key
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from tests.builders import (
     GPU,
     admission_review,
+    example_of,
     gpuclass,
     license_sync_request,
     licensed_class,
@@ -30,7 +31,9 @@ from tests.builders import (
     status_sync_request,
 )
 
-ROUTES = ("/status/sync", "/status/customize", "/license/sync", "/license/customize")
+# Every hook of the table, by who calls it: Metacontroller's over HTTP, the API server's over HTTPS.
+ROUTES = tuple(hook.path for hook in HOOKS if not hook.https_only)
+ADMISSION_ROUTES = tuple(hook.path for hook in HOOKS if hook.https_only)
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +289,6 @@ def test_service_keeps_serving_after_the_storm(client: FlaskClient) -> None:
 
 # --- the admission routes: what tenants' own actions reach ------------------------------------
 
-ADMISSION_ROUTES = ("/admit/gpu-budget", "/admit/tenant-gpu-keys")
 HTTPS = "https://localhost"
 
 
@@ -483,25 +485,14 @@ def test_admission_generated_reviews_are_answered(
     assert_reviewed(response, uid=review["request"]["uid"])
 
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
-
-
-@pytest.mark.parametrize(
-    ("route", "example"),
-    [
-        ("/status/sync", "status-sync.json"),
-        ("/status/customize", "status-customize.json"),
-        ("/license/sync", "license-sync.json"),
-        ("/license/customize", "license-customize.json"),
-        ("/admit/gpu-budget", "admission-vminstance.json"),
-    ],
-)
+@pytest.mark.parametrize("route", [hook.path for hook in HOOKS])
 def test_invalid_utf8_inside_an_object_is_never_a_500(
-    admission_client: FlaskClient, route: str, example: str
+    admission_client: FlaskClient, route: str
 ) -> None:
     # msgspec checks a raw sub-object's UTF-8 only when that object is decoded on its own.
-    body = (EXAMPLES / example).read_bytes().replace(b'"uid-', b'"\xff\xfe-', 1)
+    body = example_of(route).replace(b'"uid-', b'"\xff\xfe-', 1)
     body = body.replace(b"tenant-a", b"tenant-\xff", 1) if b'"\xff' not in body else body
+    body = body.replace(b'"cpu"', b'"cpu\xff"', 1) if b"\xff" not in body else body
     assert b"\xff" in body
     response = admission_client.post(route, data=body, base_url=HTTPS)
     assert response.status_code in (200, 400), response.get_data()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from flask.testing import FlaskClient
 
-from hooks.app import RETRY_AFTER_SECONDS, create_app
+from hooks.app import create_app
+from hooks.http import RETRY_AFTER_SECONDS
 from hooks.memory import (
     MIB,
     Admitted,

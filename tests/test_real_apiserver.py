@@ -23,7 +23,7 @@ import trustme
 import yaml
 
 from hooks.app import create_app
-from hooks.kubevirt import KubeVirtReader
+from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.rules.budget import TOTAL_KEY
 from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings

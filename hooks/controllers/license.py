@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
+from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.rules.capacity import InvalidObject
 from hooks.rules.license import (
     LicensePlan,
@@ -37,14 +39,16 @@ from hooks.wire.metacontroller import (
 )
 from hooks.wire.names import namespaced_key
 
-STALE_RULES_RETRY_SECONDS = 10.0
+LicenseResult = Literal[
+    "ok", "disabled", "invalid_spec", "unlicensed", "stale_related", "source_unusable"
+]
 
 
 @dataclass(frozen=True)
 class LicenseOutcome:
     response: DecoratorSyncResponse
     class_name: str
-    outcome: str = "ok"
+    outcome: LicenseResult = "ok"
     plan: LicensePlan | None = None
     invalid: tuple[InvalidObject, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.controllers.license import license_inputs, license_rules, licensed_spec, plan_for
 from hooks.rules.capacity import Capacity, InvalidObject, compute_capacity
 from hooks.rules.classes import class_identity, older_class_with_resource
@@ -49,7 +50,7 @@ from hooks.wire.metacontroller import (
 )
 
 KUBEVIRT_RETRY_SECONDS = 10.0
-STALE_RULES_RETRY_SECONDS = 10.0
+StatusResult = Literal["ok", "disabled", "invalid_spec", "stale_related", "kubevirt_unreadable"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,11 @@ class StatusOutcome:
     resource: str | None = None
     capacity: Capacity | None = None  # what the nodes hold, when the spec could be read
     exports_inventory: bool = False  # a conflicting class reports zero and exports no inventory
-    outcome: str = "ok"
+    outcome: StatusResult = "ok"
     invalid: tuple[InvalidObject, ...] = ()
     conditions: tuple[Condition, ...] = ()
     free: int = 0
     max_free_per_node: int = 0
-    plan: LicensePlan | None = None
     known_classes: tuple[str, ...] | None = None  # every class Metacontroller sent, or None
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -194,7 +194,6 @@ def sync(
         outcome="kubevirt_unreadable" if retry else "ok",
         invalid=tuple(invalid),
         conditions=tuple(conditions),
-        plan=plan,
         counts={
             "nodes": len(nodes.objects),
             "eligible_nodes": len(capacity.eligible_nodes),

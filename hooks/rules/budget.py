@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
-from hooks.wire.admission import AppSpec, QuotaValue
+from hooks.wire.cozystack import AppSpec, QuotaValue
 from hooks.wire.names import is_dns_label
 
 TOTAL_KEY = "gpuclass.cozystack.io/devices"
@@ -155,11 +155,6 @@ class Tenancy:
 
     tenants: tuple[Tenant, ...] = ()
     apps: tuple[App, ...] = ()
-
-
-class InputUnreadable(Exception):
-    """Raised by whatever supplies the inputs when it cannot read them at all; the message says
-    what, in words a tenant's denial can carry (the webhook fails closed)."""
 
 
 def app_from(

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from hooks.wire.kube import GPUClassStatus, is_absent
 from hooks.wire.names import is_dns_label, is_dns_subdomain
+from hooks.wire.problems import Undecodable, decoded
 
 DEFAULT_TOKEN_KEY = "client_configuration_token.tok"
 GRIDD_KEY = "gridd.conf"
@@ -123,6 +124,9 @@ def parse_status(raw: msgspec.Raw) -> GPUClassStatus | None:
     if is_absent(raw):
         return None
     try:
-        return msgspec.json.decode(raw, type=GPUClassStatus)
-    except (msgspec.DecodeError, RecursionError):
+        return decoded(_STATUS, raw)
+    except Undecodable:
         return None
+
+
+_STATUS = msgspec.json.Decoder(GPUClassStatus)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from hooks.wire.kube import Condition, GPUClass, Namespace, Node, Pod, Secret, is_absent
+from hooks.wire.problems import BadRequest, Undecodable, decode_request, decoded
 
 GPUCLASS_API_VERSION = "cozystack.io/v1alpha1"
 GPUCLASS_KIND = "GPUClass"
@@ -26,10 +27,6 @@ SECRETS = "Secret.v1"
 GPUCLASSES = f"{GPUCLASS_KIND}.{GPUCLASS_API_VERSION}"
 
 RawGroups = dict[str, dict[str, msgspec.Raw]]
-
-
-class BadRequest(ValueError):
-    """The envelope itself is unusable: answered 400, nothing is written."""
 
 
 class _Envelope(msgspec.Struct, kw_only=True, rename="camel"):
@@ -108,14 +105,10 @@ def encode(response: msgspec.Struct) -> bytes:
 
 def decode_envelope(body: bytes, envelope: type[T]) -> T:
     """Decode the envelope only; related objects stay raw until each is decoded on its own."""
-    try:
-        return msgspec.json.decode(body, type=envelope)
-    except msgspec.ValidationError as error:
-        raise BadRequest(f"invalid request envelope: {error}") from None
-    except msgspec.DecodeError:
-        raise BadRequest("request body is not valid JSON") from None
-    except RecursionError:
-        raise BadRequest("request body is nested too deeply") from None
+    return decode_request(msgspec.json.Decoder(envelope), body, "request envelope")
+
+
+_GPUCLASS = msgspec.json.Decoder(GPUClass)
 
 
 def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
@@ -123,8 +116,8 @@ def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
     if is_absent(raw):
         raise BadRequest(f"request has no {field}")
     try:
-        parent = msgspec.json.decode(raw, type=GPUClass)
-    except (msgspec.DecodeError, RecursionError) as error:
+        parent = decoded(_GPUCLASS, raw)
+    except Undecodable as error:
         raise BadRequest(f"{field} is not a valid object: {error}") from None
     if parent.api_version != GPUCLASS_API_VERSION or parent.kind != GPUCLASS_KIND:
         raise BadRequest(f"{field} is not a {GPUCLASS_API_VERSION} {GPUCLASS_KIND}")
@@ -208,13 +201,12 @@ _DECORATOR = msgspec.json.Decoder(_TypedDecoratorSync)
 
 
 def _typed_pass(decoder: msgspec.json.Decoder[T], body: bytes) -> T | None:
-    """One typed pass over the body; None when some object does not fit its type."""
+    """One typed pass over the body; None when it does not decode, and the envelope pass that
+    follows says whether the body or only some object is at fault."""
     try:
-        return decoder.decode(body)
-    except (msgspec.ValidationError, RecursionError):
+        return decoded(decoder, body)
+    except Undecodable:
         return None
-    except msgspec.DecodeError:
-        raise BadRequest("request body is not valid JSON") from None
 
 
 def decode_composite_sync(body: bytes) -> CompositeSync:
@@ -255,7 +247,7 @@ def decode_group(
     invalid: list[str] = []
     for name, raw in group.items():
         try:
-            objects.append(decoder.decode(raw))
-        except (msgspec.DecodeError, RecursionError):
+            objects.append(decoded(decoder, raw))
+        except Undecodable:
             invalid.append(name)
     return DecodedGroup(objects, invalid)

@@ -8,8 +8,44 @@ values, so they are safe to log and to return.
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 import msgspec
+
+T = TypeVar("T")
+
+
+NOT_JSON = "not valid JSON"
+TOO_DEEP = "nested too deeply"
+
+
+class BadRequest(ValueError):
+    """The request itself is unusable: answered 400, nothing is written."""
+
+
+class Undecodable(ValueError):
+    """Bytes that do not decode into the type asked for; `str()` is the problem, safe to show."""
+
+
+def decoded(decoder: msgspec.json.Decoder[T], data: bytes | msgspec.Raw) -> T:
+    """The one place a msgspec failure becomes words: every decode of input goes through here."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise Undecodable(decode_problem(error)) from None
+
+
+def decode_request(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
+    """A request body, or BadRequest: about the body when it is not JSON at all, else naming
+    `what` did not fit and where."""
+    try:
+        return decoded(decoder, body)
+    except Undecodable as error:
+        problem = str(error)
+        if problem in (NOT_JSON, TOO_DEEP):
+            raise BadRequest(f"request body is {problem}") from None
+        raise BadRequest(f"invalid {what}: {problem}") from None
+
 
 _TYPE_WORDS = {
     "array": "a list",
@@ -33,8 +69,8 @@ def decode_problem(error: msgspec.DecodeError | RecursionError) -> str:
     if isinstance(error, msgspec.ValidationError):
         return field_problem(error)
     if isinstance(error, msgspec.DecodeError):
-        return "not valid JSON"
-    return "nested too deeply"
+        return NOT_JSON
+    return TOO_DEEP
 
 
 def field_problem(error: msgspec.ValidationError) -> str:

@@ -22,7 +22,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooks.controllers.admission import review_app, review_tenant
+from hooks.controllers.budget import review_app, review_tenant
 from hooks.rules.budget import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest

@@ -1,4 +1,4 @@
-"""The GPU budget admission webhook: AdmissionReview -> budget rules -> verdict.
+"""The GPU budget webhook: AdmissionReview -> budget rules -> verdict.
 
 The inputs come from a reader passed in (the Kubernetes API in production, plain values in
 tests); the arithmetic is `hooks.rules.budget`. A review reads only what its verdict needs: an app
@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from hooks.kubeapi.client import Unreadable
 from hooks.rules.budget import (
     ALLOWED,
     FAILED_CLOSED,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
-    InputUnreadable,
     Tenancy,
     Tenant,
     Verdict,
@@ -32,22 +32,24 @@ from hooks.rules.budget import (
     tenant_declaration,
 )
 from hooks.rules.classes import ClassIdentity
-from hooks.wire.admission import AdmissionRequest, AppObject, decode_app_object
-from hooks.wire.metacontroller import BadRequest
+from hooks.wire.admission import AdmissionRequest
+from hooks.wire.cozystack import AppObject, decode_app_object
+from hooks.wire.problems import BadRequest
 
 APPS_GROUP = "apps.cozystack.io"
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")
 
 
 class BudgetInputs(Protocol):
-    """What the webhook reads; each method raises InputUnreadable when it cannot."""
+    """What the webhook reads; each method raises `Unreadable` when it cannot, with a message a
+    tenant's denial can carry (the webhook fails closed)."""
 
     def classes(self) -> list[ClassIdentity]: ...
     def tenancy(self) -> Tenancy: ...
 
 
 @dataclass(frozen=True)
-class AdmissionOutcome:
+class BudgetOutcome:
     verdict: Verdict
     kind: str
     namespace: str
@@ -78,16 +80,16 @@ def _name(request: AdmissionRequest, obj: AppObject) -> str:
     return obj.metadata.name or request.name
 
 
-def _outcome(request: AdmissionRequest, verdict: Verdict, read: bool = False) -> AdmissionOutcome:
-    return AdmissionOutcome(
+def _outcome(request: AdmissionRequest, verdict: Verdict, read: bool = False) -> BudgetOutcome:
+    return BudgetOutcome(
         verdict, request.kind.kind, request.namespace, request.name, request.operation, read
     )
 
 
-def _checked(request: AdmissionRequest, decide: Callable[[], Verdict]) -> AdmissionOutcome:
+def _checked(request: AdmissionRequest, decide: Callable[[], Verdict]) -> BudgetOutcome:
     try:
         verdict = decide()
-    except InputUnreadable as error:
+    except Unreadable as error:
         verdict = Verdict(False, f"{FAILED_CLOSED}{error}")
     return _outcome(request, verdict, read=True)
 
@@ -100,7 +102,7 @@ def _ours(request: AdmissionRequest, kinds: tuple[str, ...]) -> bool:
     )
 
 
-def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutcome:
+def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome:
     """VMInstance and KubernetesNodes create and update; anything else is not ours and passes."""
     if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
         return _outcome(request, ALLOWED)
@@ -121,7 +123,7 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutc
     return _checked(request, decide)
 
 
-def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> AdmissionOutcome:
+def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome:
     """The declaration gate for Tenant create and update."""
     if not _ours(request, (TENANT,)):
         return _outcome(request, ALLOWED)

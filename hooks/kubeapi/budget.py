@@ -18,13 +18,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from hooks.kubeapi import ApiClient, ApiUnreadable
+from hooks.kubeapi.client import ApiClient, Unreadable
 from hooks.rules.budget import (
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
     App,
-    InputUnreadable,
     Tenancy,
     Tenant,
     app_from,
@@ -33,12 +32,10 @@ from hooks.rules.budget import (
 )
 from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
-from hooks.wire.admission import AppSpec, HelmRelease, ReleaseHead
+from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
-from hooks.wire.problems import decode_problem
+from hooks.wire.problems import Undecodable, decoded
 
-KIND_LABEL = "apps.cozystack.io/application.kind"
-NAME_LABEL = "apps.cozystack.io/application.name"
 HELMRELEASES = "/apis/helm.toolkit.fluxcd.io/v2/helmreleases"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
 TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES})"
@@ -51,15 +48,15 @@ _GPUCLASS = msgspec.json.Decoder(GPUClass)
 def release_object(raw: msgspec.Raw) -> Tenant | App:
     """One HelmRelease of the tenancy as a Tenant or an App, marked when it cannot be read."""
     try:
-        release = _RELEASE.decode(raw)
+        release = decoded(_RELEASE, raw)
         head: ReleaseHead = release
         values: AppSpec | None = release.spec.values
         problem = None
-    except (msgspec.DecodeError, RecursionError) as error:
-        values, problem = None, decode_problem(error)
+    except Undecodable as error:
+        values, problem = None, str(error)
         try:
-            head = _HEAD.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
+            head = decoded(_HEAD, raw)
+        except Undecodable:
             # Not even where it lives: every verdict that reads the tenancy must fail closed.
             return Tenant("", None, unreadable=f"HelmRelease (unnamed): {problem}")
     meta = head.metadata
@@ -95,15 +92,14 @@ class BudgetReader:
                 read_at, classes = self._classes
                 if now - read_at < self._settings.admission_cache_seconds:
                     return classes
-            classes = []
             try:
-                for raw in self._api.list(GPUCLASSES):
-                    try:
-                        classes.append(class_identity(_GPUCLASS.decode(raw)))
-                    except (msgspec.DecodeError, RecursionError) as error:
-                        raise InputUnreadable(f"GPUClass: {decode_problem(error)}") from None
-            except ApiUnreadable as error:
-                raise InputUnreadable(f"could not list GPUClasses ({error})") from None
+                raws = list(self._api.list(GPUCLASSES))
+            except Unreadable as error:
+                raise Unreadable(f"could not list GPUClasses ({error})") from None
+            try:
+                classes = [class_identity(decoded(_GPUCLASS, raw)) for raw in raws]
+            except Undecodable as error:
+                raise Unreadable(f"GPUClass: {error}") from None
             self._classes = (now, classes)
             return classes
 
@@ -113,8 +109,8 @@ class BudgetReader:
             try:
                 releases = self._api.list(HELMRELEASES, TENANCY_SELECTOR)
                 objects = [release_object(raw) for raw in releases]
-            except ApiUnreadable as error:
-                raise InputUnreadable(f"could not list HelmReleases ({error})") from None
+            except Unreadable as error:
+                raise Unreadable(f"could not list HelmReleases ({error})") from None
         return Tenancy(
             tuple(o for o in objects if isinstance(o, Tenant)),
             tuple(o for o in objects if isinstance(o, App)),

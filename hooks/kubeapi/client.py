@@ -1,8 +1,9 @@
-"""The few reads the service makes itself from the Kubernetes API, with `requests`.
+"""GETs against the Kubernetes API, with `requests`: the one client of the edge.
 
 The service account token is re-read on every call (kubelet rotates it); the CA is the service
-account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise; every call has a short timeout. Errors
-are turned into `ApiUnreadable` with a message that is safe to show: no credentials, no body.
+account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise; every call has a short timeout. A failed
+read raises `Unreadable`, whose message says why in a few words and is safe to show (no
+credentials, no body, no path): the reader that called names what it was reading.
 """
 
 from __future__ import annotations
@@ -15,15 +16,16 @@ import msgspec
 import requests
 
 from hooks.settings import Settings
+from hooks.wire.problems import Undecodable, decoded
 
 PAGE_SIZE = 500
 
 
-class ApiUnreadable(Exception):
-    """A read failed; `str()` says what and why, safely."""
+class Unreadable(Exception):
+    """An input of a hook could not be read; `str()` says why, safe to show to anyone."""
 
 
-class ApiNotFound(ApiUnreadable):
+class NotFound(Unreadable):
     """404: the object, or the whole API, does not exist."""
 
 
@@ -39,6 +41,9 @@ class _Page(msgspec.Struct):
     metadata: dict[str, Any] = {}
 
 
+_PAGE = msgspec.json.Decoder(_Page)
+
+
 class ApiClient:
     """GETs against the API server. Not shared between threads without a lock: `requests`
     sessions are not thread-safe, so each reader holds its own client."""
@@ -51,7 +56,7 @@ class ApiClient:
         settings = self._settings
         base = settings.api_base_url()
         if base is None:
-            raise ApiUnreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
+            raise Unreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
         headers = {"Accept": "application/json"}
         token = _read_token(settings.kube_token_file)
         if token:
@@ -68,13 +73,13 @@ class ApiClient:
                 verify=verify,
             )
         except requests.Timeout:
-            raise ApiUnreadable(f"{path}: timed out") from None
+            raise Unreadable("timed out") from None
         except requests.RequestException as error:
-            raise ApiUnreadable(f"{path}: request failed ({type(error).__name__})") from None
+            raise Unreadable(f"request failed ({type(error).__name__})") from None
         if response.status_code == 404:
-            raise ApiNotFound(f"{path}: not found")
+            raise NotFound("not found")
         if response.status_code != 200:
-            raise ApiUnreadable(f"{path}: HTTP {response.status_code}")
+            raise Unreadable(f"HTTP {response.status_code}")
         return response.content
 
     def list(self, path: str, label_selector: str | None = None) -> Iterator[msgspec.Raw]:
@@ -84,9 +89,9 @@ class ApiClient:
             params["labelSelector"] = label_selector
         while True:
             try:
-                page = msgspec.json.decode(self.get(path, params), type=_Page)
-            except (msgspec.DecodeError, RecursionError):
-                raise ApiUnreadable(f"{path}: the list is not valid") from None
+                page = decoded(_PAGE, self.get(path, params))
+            except Undecodable as error:
+                raise Unreadable(f"the list is not valid: {error}") from None
             yield from page.items
             token = page.metadata.get("continue")
             if not token:

@@ -11,7 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from hooks.app import create_app
-from hooks.budgets import GPUCLASSES, HELMRELEASES
+from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES
 from hooks.logs import LOGGER
 from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
@@ -190,7 +190,7 @@ def test_admission_is_exempt_from_the_hook_token(
 
 
 def test_example_review_in_examples(client: FlaskClient) -> None:
-    example = Path(__file__).parent.parent / "examples" / "admission-vminstance.json"
+    example = Path(__file__).parent.parent / "examples" / "admit-gpu-budget.json"
     assert review(client, "/admit/gpu-budget", example.read_bytes())["allowed"] is False
 
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from hooks.kubevirt import KubeVirtReader
+from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.rules.permission import (
     KubeVirtAbsent,
     KubeVirtFound,

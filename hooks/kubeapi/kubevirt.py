@@ -10,18 +10,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
-from hooks.kubeapi import ApiClient, ApiNotFound, ApiUnreadable
+from hooks.kubeapi.client import ApiClient, NotFound, Unreadable
 from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
+from hooks.wire.problems import Undecodable, decoded
 
-ReadObserver = Callable[[str], None]
+ReadOutcome = Literal["found", "absent", "unreadable"]
+ReadObserver = Callable[[ReadOutcome], None]
+_KUBEVIRT = msgspec.json.Decoder(KubeVirt)
 
 
-def outcome_of(view: KubeVirtView) -> str:
+def outcome_of(view: KubeVirtView) -> ReadOutcome:
     """A low-cardinality name for a read's outcome, for metrics and logs."""
     if isinstance(view, KubeVirtFound):
         return "found"
@@ -69,12 +73,10 @@ class KubeVirtReader:
             f"/kubevirts/{settings.kubevirt_name}"
         )
         try:
-            body = self._api.get(path)
-        except ApiNotFound:
+            return KubeVirtFound(decoded(_KUBEVIRT, self._api.get(path)), self._location)
+        except NotFound:
             return KubeVirtAbsent(self._location)
-        except ApiUnreadable as error:
-            return KubeVirtUnreadable(str(error).removeprefix(f"{path}: "))
-        try:
-            return KubeVirtFound(msgspec.json.decode(body, type=KubeVirt), self._location)
-        except (msgspec.DecodeError, RecursionError):
-            return KubeVirtUnreadable("the KubeVirt object is not valid")
+        except Unreadable as error:
+            return KubeVirtUnreadable(str(error))
+        except Undecodable as error:
+            return KubeVirtUnreadable(f"the KubeVirt object is not valid: {error}")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hooks.budgets import GPUCLASSES, HELMRELEASES, BudgetReader
-from hooks.rules.budget import TOTAL_KEY, InputUnreadable, class_key
+from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES, BudgetReader
+from hooks.kubeapi.client import Unreadable
+from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
 from tests.builders import GPU, gpuclass, gpus, helmrelease
@@ -100,9 +101,9 @@ def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
     settings: Settings, apiserver: FakeApiServer, code: int
 ) -> None:
     apiserver.serve(HELMRELEASES, code, {"kind": "Status"})
-    with pytest.raises(InputUnreadable, match=f"could not list HelmReleases .*HTTP {code}"):
+    with pytest.raises(Unreadable, match=f"could not list HelmReleases .*HTTP {code}"):
         reader(settings).tenancy()
-    with pytest.raises(InputUnreadable, match="could not list GPUClasses"):
+    with pytest.raises(Unreadable, match="could not list GPUClasses"):
         reader(settings).classes()  # not served at all: 404
 
 
@@ -163,11 +164,11 @@ def test_objects_that_do_not_decode_are_kept_and_named(
 def test_timeout_fails_closed(settings: Settings, apiserver: FakeApiServer) -> None:
     apiserver.serve(HELMRELEASES, 200, list_of([]), delay=1.0)
     fast = settings.model_copy(update={"kube_timeout_seconds": 0.2})
-    with pytest.raises(InputUnreadable, match="timed out"):
+    with pytest.raises(Unreadable, match="timed out"):
         BudgetReader(fast).tenancy()
 
 
 def test_no_api_configured_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(InputUnreadable, match="no Kubernetes API configured"):
+    with pytest.raises(Unreadable, match="no Kubernetes API configured"):
         BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy()

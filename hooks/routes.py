@@ -1,0 +1,141 @@
+"""The table of hooks: every route the service answers with a hook, declared once.
+
+Each entry says who calls it and how a body becomes an answer (decode, call the controller,
+record metrics). `create_app` serves the table, the bearer token guards what Metacontroller calls,
+and the tests, the fuzzer and the chart's checks read the same table, so a hook added here is
+served, guarded, fuzzed and checked without another list to update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from hooks.controllers import budget, license, status
+from hooks.controllers.budget import BudgetInputs, BudgetOutcome
+from hooks.controllers.license import LicenseOutcome
+from hooks.controllers.status import StatusOutcome
+from hooks.http import Answer
+from hooks.metrics import Metrics
+from hooks.rules.permission import KubeVirtView
+from hooks.settings import Settings
+from hooks.wire.admission import AdmissionRequest, decode_review, review_response
+from hooks.wire.metacontroller import (
+    CustomizeRequest,
+    decode_composite_sync,
+    decode_decorator_sync,
+    decode_envelope,
+    encode,
+)
+from hooks.wire.problems import BadRequest
+
+# Metacontroller sends the hooks' bearer token; the API server calls admission webhooks over
+# HTTPS only and sends no token, so its routes refuse plain HTTP instead.
+Caller = Literal["metacontroller", "apiserver"]
+
+
+@dataclass(frozen=True)
+class Service:
+    """What the hooks read besides the request: settings, the edges, the clock, the metrics."""
+
+    settings: Settings
+    metrics: Metrics
+    kubevirt: Callable[[], KubeVirtView]
+    budgets: BudgetInputs
+    clock: Callable[[], datetime]
+
+
+Handler = Callable[[Service, bytes], Answer]
+
+
+@dataclass(frozen=True)
+class Hook:
+    path: str
+    caller: Caller
+    handle: Handler
+
+    @property
+    def needs_token(self) -> bool:
+        return self.caller == "metacontroller"
+
+    @property
+    def https_only(self) -> bool:
+        return self.caller == "apiserver"
+
+
+def _sync_answer(outcome: StatusOutcome | LicenseOutcome) -> Answer:
+    """A sync's answer: its log line names the class, and so does the warning of what it skipped."""
+    return Answer(
+        encode(outcome.response),
+        {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts},
+        skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
+        about={"class": outcome.class_name},
+    )
+
+
+def status_customize(service: Service, body: bytes) -> Answer:
+    answer = status.customize(decode_envelope(body, CustomizeRequest), service.settings)
+    return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
+
+
+def status_sync(service: Service, body: bytes) -> Answer:
+    outcome = status.sync(
+        decode_composite_sync(body), service.settings, service.kubevirt, service.clock()
+    )
+    service.metrics.record_status(outcome)
+    return _sync_answer(outcome)
+
+
+def license_customize(service: Service, body: bytes) -> Answer:
+    answer = license.customize(decode_envelope(body, CustomizeRequest), service.settings)
+    return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
+
+
+def license_sync(service: Service, body: bytes) -> Answer:
+    outcome = license.sync(decode_decorator_sync(body), service.settings)
+    service.metrics.record_license(outcome)
+    return _sync_answer(outcome)
+
+
+Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
+
+
+def budget_review(review: Review) -> Handler:
+    """An AdmissionReview answered by a budget review; a review that is readable but whose object
+    is not is answered (denied, saying why), so that the API server shows the reason."""
+
+    def handle(service: Service, body: bytes) -> Answer:
+        request = decode_review(body)
+        try:
+            outcome = review(request, service.budgets)
+        except BadRequest as error:
+            denial = review_response(request.uid, False, str(error))
+            return Answer(msgspec.json.encode(denial), {"outcome": "denied", "allowed": False})
+        verdict = outcome.verdict
+        response = review_response(request.uid, verdict.allowed, verdict.message)
+        facts = {
+            "outcome": "allowed" if verdict.allowed else "denied",
+            "allowed": verdict.allowed,
+            "kind": outcome.kind,
+            "namespace": outcome.namespace,
+            "name": outcome.name,
+            "operation": outcome.operation,
+            "read_inputs": outcome.read_inputs,
+        }
+        return Answer(msgspec.json.encode(response), facts, skipped=verdict.skipped)
+
+    return handle
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook("/status/customize", "metacontroller", status_customize),
+    Hook("/status/sync", "metacontroller", status_sync),
+    Hook("/license/customize", "metacontroller", license_customize),
+    Hook("/license/sync", "metacontroller", license_sync),
+    Hook("/admit/gpu-budget", "apiserver", budget_review(budget.review_app)),
+    Hook("/admit/tenant-gpu-keys", "apiserver", budget_review(budget.review_tenant)),
+)
