@@ -122,6 +122,7 @@ def plan(args: argparse.Namespace) -> int:
 
     from hooks import plan as planner
     from hooks.rules.selectors import RuleError
+    from hooks.wire.problems import BadRequest
 
     settings = _load_settings(
         enabled=args.enabled,
@@ -133,7 +134,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         inventory = planner.load([Path(f) for f in args.files], settings)
         plans = planner.plan_cluster(inventory, settings, datetime.now(UTC))
-    except (planner.PlanInputError, RuleError) as error:
+    except (planner.PlanInputError, RuleError, BadRequest) as error:
         print(f"plan: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.explain and args.explain not in {p.name for p in plans}:

@@ -26,38 +26,23 @@ from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
 from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.rules.selectors import check_rule, rule_selects
 from hooks.settings import Settings
-from hooks.wire.kube import KubeVirt, Secret
+from hooks.wire.kube import KubeVirt, ObjectMeta, Secret
 from hooks.wire.metacontroller import (
     GPUCLASS_API_VERSION,
-    GPUCLASS_KIND,
-    GPUCLASSES,
-    NAMESPACES,
-    NODES,
-    PODS,
+    RELATED_KINDS,
     SECRETS,
     CustomizeRequest,
+    RelatedKind,
     RelatedRule,
     decode_composite_sync,
     decode_decorator_sync,
 )
 from hooks.wire.names import namespaced_key
+from hooks.wire.problems import Undecodable, decoded
 
-# The kinds plan reads, by (apiVersion, kind), and where Metacontroller puts them.
-RESOURCES = {
-    ("v1", "Node"): ("v1", "nodes"),
-    ("v1", "Pod"): ("v1", "pods"),
-    ("v1", "Namespace"): ("v1", "namespaces"),
-    ("v1", "Secret"): ("v1", "secrets"),
-    (GPUCLASS_API_VERSION, GPUCLASS_KIND): (GPUCLASS_API_VERSION, "gpuclasses"),
-}
-GROUP_KEYS = {
-    ("v1", "nodes"): NODES,
-    ("v1", "pods"): PODS,
-    ("v1", "namespaces"): NAMESPACES,
-    ("v1", "secrets"): SECRETS,
-    (GPUCLASS_API_VERSION, "gpuclasses"): GPUCLASSES,
-}
-NAMESPACED = {"pods", "secrets"}
+# The kinds plan reads are the ones the hooks read, by (apiVersion, kind) as a dump names them.
+KINDS = {(related.api_version, related.kind): related for related in RELATED_KINDS}
+BY_RESOURCE = {(related.api_version, related.resource): related for related in RELATED_KINDS}
 REDACTED = "<redacted: compare the token-sha256 annotation>"
 # The conditions whose True (or Unknown) status is a problem; Ready is a problem when not True.
 PROBLEMS = (*READY_BLOCKERS, LICENSE_COPY_CONFLICT)
@@ -111,6 +96,7 @@ def _objects(path: Path, document: Any) -> Iterator[dict[str, Any]]:
         and isinstance(document.get("apiVersion"), str)
         and isinstance(metadata, dict)
         and isinstance(metadata.get("name"), str)
+        and metadata["name"]
     ):
         raise PlanInputError(f"{path}: an object has no kind, apiVersion or metadata.name")
     yield document
@@ -128,21 +114,42 @@ def load(paths: Iterable[Path], settings: Settings) -> Inventory:
                     settings.kubevirt_namespace,
                     settings.kubevirt_name,
                 ):
+                    _check(path, obj, KubeVirt)
                     inventory.kubevirt = obj
                 continue
-            resource = RESOURCES.get((api_version, kind))
-            if resource is None:
+            related = KINDS.get((api_version, kind))
+            if related is None:
                 inventory.unknown += 1
                 continue
-            inventory.objects.setdefault(resource, []).append(obj)
+            _check(path, obj, related.type)
+            inventory.objects.setdefault((api_version, related.resource), []).append(obj)
     return inventory
 
 
-def _key(obj: dict[str, Any], resource: str) -> str:
+class _Placed(msgspec.Struct):
+    """What plan itself reads of every object: where it is, its labels (selectors), its uid."""
+
+    metadata: ObjectMeta
+
+
+def _check(path: Path, obj: dict[str, Any], kind: type) -> None:
+    """An object of a kind plan reads must be of that kind's shape: where the hooks would skip
+    it with a warning, plan refuses the input, so that what it shows is the whole cluster."""
+    encoded = msgspec.json.encode(obj)
+    try:
+        decoded(msgspec.json.Decoder(_Placed), encoded)
+        decoded(msgspec.json.Decoder(kind), encoded)
+    except Undecodable as error:
+        metadata = obj["metadata"]
+        where = namespaced_key(str(metadata.get("namespace") or ""), metadata["name"])
+        raise PlanInputError(f"{path}: {obj['kind']} {where.lstrip('/')}: {error}") from None
+
+
+def _key(obj: dict[str, Any], related: RelatedKind) -> str:
     metadata = obj["metadata"]
     return (
         namespaced_key(metadata.get("namespace", ""), metadata["name"])
-        if resource in NAMESPACED
+        if related.namespaced
         else metadata["name"]
     )
 
@@ -160,7 +167,8 @@ def select_related(
     for rule in rules:
         check_rule(rule)
         resource = (rule.api_version, rule.resource)
-        group = related.setdefault(GROUP_KEYS[resource], {})
+        kind = BY_RESOURCE[resource]
+        group = related.setdefault(kind.group_key, {})
         for obj in inventory.objects.get(resource, []):
             metadata = obj["metadata"]
             namespace = metadata.get("namespace", "")
@@ -171,7 +179,7 @@ def select_related(
                 metadata.get("labels") or {},
                 namespace_labels.get(namespace, {}),
             ):
-                group[_key(obj, rule.resource)] = obj
+                group[_key(obj, kind)] = obj
     return related
 
 
@@ -194,10 +202,8 @@ def kubevirt_view(inventory: Inventory, settings: Settings) -> KubeVirtView:
     location = f"{settings.kubevirt_namespace}/{settings.kubevirt_name}"
     if inventory.kubevirt is None:
         return KubeVirtUnreadable(f"KubeVirt {location} is not in the input files")
-    try:
-        return KubeVirtFound(msgspec.convert(inventory.kubevirt, KubeVirt), location)
-    except msgspec.ValidationError:
-        return KubeVirtUnreadable(f"KubeVirt {location} in the input is not valid")
+    # load() has checked its shape
+    return KubeVirtFound(msgspec.convert(inventory.kubevirt, KubeVirt), location)
 
 
 def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> list[ClassPlan]:
@@ -218,7 +224,7 @@ def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> lis
 
         uid = gpuclass["metadata"].get("uid", "")
         attached = {
-            _key(s, "secrets"): s
+            _key(s, KINDS["v1", "Secret"]): s
             for s in secrets
             if is_managed_copy(msgspec.convert(s, Secret), uid)
         }

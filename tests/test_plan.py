@@ -18,7 +18,7 @@ from hooks import plan as planner
 from hooks.app import create_app
 from hooks.rules.selectors import RuleError
 from hooks.settings import Settings
-from hooks.wire.metacontroller import LabelSelector, RelatedRule, Requirement
+from hooks.wire.metacontroller import RELATED_KINDS, LabelSelector, RelatedRule, Requirement
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples" / "cluster.yaml"
@@ -254,6 +254,60 @@ def test_unreadable_input_exits_2_with_one_line_naming_the_file(
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
     assert line.startswith(f"plan: {path}: {problem}")
+
+
+# One object of every kind plan reads (the hooks' related kinds, and KubeVirt), each broken where
+# plan or the hooks read it: labels of the wrong shape, and a field of the kind of the wrong shape.
+MALFORMED = [
+    ("v1", "Node", {"metadata": {"name": "n", "labels": ["gpu"]}}, "metadata.labels"),
+    ("v1", "Node", {"metadata": {"name": "n"}, "status": {"allocatable": []}}, "status"),
+    ("v1", "Pod", {"metadata": {"name": "p", "namespace": "t", "labels": "x"}}, "metadata.labels"),
+    ("v1", "Pod", {"metadata": {"name": "p", "namespace": "t"}, "spec": []}, "spec"),
+    ("v1", "Namespace", {"metadata": {"name": "t", "labels": {"a": 1}}}, "metadata.labels[...]"),
+    ("v1", "Secret", {"metadata": {"name": "s", "namespace": "t"}, "data": []}, "data"),
+    (
+        "v1",
+        "Secret",
+        {"metadata": {"name": "s", "namespace": "t", "labels": []}},
+        "metadata.labels",
+    ),
+    (
+        "cozystack.io/v1alpha1",
+        "GPUClass",
+        {"metadata": {"name": "c", "labels": []}, "spec": {"resourceName": "nvidia.com/X"}},
+        "metadata.labels",
+    ),
+    (
+        "kubevirt.io/v1",
+        "KubeVirt",
+        {
+            "metadata": {"name": "kubevirt", "namespace": "cozy-kubevirt"},
+            "spec": {"configuration": 1},
+        },
+        "spec.configuration",
+    ),
+]
+
+
+def test_every_kind_plan_reads_is_in_the_malformed_cases() -> None:
+    read = {(kind.api_version, kind.kind) for kind in RELATED_KINDS} | {
+        ("kubevirt.io/v1", "KubeVirt")
+    }
+    assert {(api_version, kind) for api_version, kind, _, _ in MALFORMED} == read
+
+
+@pytest.mark.parametrize(("api_version", "kind", "obj", "field"), MALFORMED)
+def test_a_malformed_object_exits_2_with_one_line_naming_it(
+    tmp_path: Path, api_version: str, kind: str, obj: dict[str, Any], field: str
+) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"apiVersion": api_version, "kind": kind, **obj}))
+    result = run_plan(str(CLUSTER), str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    [line] = result.stderr.splitlines()
+    name = obj["metadata"]["name"]
+    assert line.startswith(f"plan: {path}: {kind} "), line
+    assert f"{name}: {field}" in line, line
 
 
 def test_mixed_files_json_list_and_single_objects(tmp_path: Path) -> None:

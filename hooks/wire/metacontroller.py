@@ -133,14 +133,27 @@ class DecodedGroup(msgspec.Struct, frozen=True):
     invalid: list[str]
 
 
+@dataclass(frozen=True)
+class RelatedKind:
+    """A kind the hooks read as a related object: how rules name it, and its group key."""
+
+    api_version: str
+    kind: str
+    resource: str
+    group_key: str
+    type: type
+    namespaced: bool = False
+
+
+RELATED_KINDS = (
+    RelatedKind("v1", "Node", "nodes", NODES, Node),
+    RelatedKind("v1", "Pod", "pods", PODS, Pod, namespaced=True),
+    RelatedKind("v1", "Namespace", "namespaces", NAMESPACES, Namespace),
+    RelatedKind("v1", "Secret", "secrets", SECRETS, Secret, namespaced=True),
+    RelatedKind(GPUCLASS_API_VERSION, GPUCLASS_KIND, "gpuclasses", GPUCLASSES, GPUClass),
+)
 # The kinds the hooks read, by group key; any other group is skipped unread.
-GROUP_KINDS: dict[str, type] = {
-    NODES: Node,
-    PODS: Pod,
-    GPUCLASSES: GPUClass,
-    SECRETS: Secret,
-    NAMESPACES: Namespace,
-}
+GROUP_KINDS: dict[str, type] = {related.group_key: related.type for related in RELATED_KINDS}
 
 
 class _TypedGroups(msgspec.Struct):
