@@ -3,13 +3,23 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint tools fuzz bench bench-load clean
+.PHONY: run test lint tools lock fuzz bench bench-load clean
 
-$(BIN)/gpuclass-hooks: pyproject.toml
+# Exact versions with hashes from the lock, then the project itself (its dependencies are all in
+# the lock; setuptools, pinned there too, builds it without a download).
+$(BIN)/gpuclass-hooks: pyproject.toml requirements-test.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements-test.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
+
+# Refresh both locks after changing dependencies in pyproject.toml (needs the package index).
+LOCK := $(BIN)/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-find-links --no-emit-index-url pyproject.toml
+lock: $(BIN)/gpuclass-hooks
+	$(BIN)/pip install --quiet pip-tools
+	$(LOCK) --output-file requirements.lock
+	$(LOCK) --extra test --output-file requirements-test.lock
 
 run: $(BIN)/gpuclass-hooks
 	$(BIN)/gpuclass-hooks serve --bind 127.0.0.1:8080

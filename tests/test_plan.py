@@ -394,8 +394,8 @@ def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path)
             assert [planner.redacted(a) for a in attachments] == entry["attachments"]
 
 
-def test_readme_shows_the_current_output() -> None:
-    assert EXPECTED_TABLE.strip() in (ROOT / "README.md").read_text()
+def test_docs_show_the_current_output() -> None:
+    assert EXPECTED_TABLE.strip() in (ROOT / "docs" / "plan.md").read_text()
 
 
 def test_plan_json_equals_the_live_servers_answers(tmp_path: Path) -> None:

@@ -188,11 +188,12 @@ def test_controllers_keep_their_hooks_credentials_included(
 # --- the GPUClass CRD ---------------------------------------------------------------------------
 
 
-def readme_classes() -> list[dict[str, Any]]:
-    """The README's GPUClass, with and without its license, and the example cluster's classes."""
+def documented_classes() -> list[dict[str, Any]]:
+    """The GPUClass of docs/gpuclass.md, with and without its license, and the example cluster's
+    classes."""
     blocks = [
         yaml.safe_load(block.split("```", 1)[0])
-        for block in (ROOT / "README.md").read_text().split("```yaml\n")[1:]
+        for block in (ROOT / "docs" / "gpuclass.md").read_text().split("```yaml\n")[1:]
     ]
     [example] = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "GPUClass"]
     [license_block] = [b for b in blocks if isinstance(b, dict) and set(b) == {"spec"}]
@@ -208,10 +209,10 @@ def readme_classes() -> list[dict[str, Any]]:
     return classes
 
 
-def test_crd_accepts_the_readme_examples(
+def test_crd_accepts_the_documented_examples(
     kube: ControlPlane, installed: list[dict[str, Any]]
 ) -> None:
-    for gpuclass in readme_classes():
+    for gpuclass in documented_classes():
         response = kube.request("POST", GPUCLASSES, gpuclass)
         assert response.status_code == 201, response.text
         kube.delete(f"{GPUCLASSES}/{gpuclass['metadata']['name']}", wait=False)

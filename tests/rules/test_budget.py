@@ -462,9 +462,10 @@ def test_declarations_that_cannot_matter_need_no_input() -> None:
     )
 
 
-def test_readme_denials_are_what_the_rules_say() -> None:
-    """The README's worked example (tenant acme), replayed: every message it shows is exact."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+def test_documented_denials_are_what_the_rules_say() -> None:
+    """The worked example of docs/gpu-budgets.md (tenant acme), replayed: every message it shows
+    is exact."""
+    documented = (Path(__file__).parents[2] / "docs" / "gpu-budgets.md").read_text()
     l40s, h100 = class_key("l40s-24q"), class_key("h100")
     classes = (
         ClassIdentity("l40s-24q", "2026-01-01T00:00:00Z", False, L40S),
@@ -508,7 +509,7 @@ def test_readme_denials_are_what_the_rules_say() -> None:
     ]
     for verdict in denials:
         assert not verdict.allowed
-        assert f"denied: `{verdict.message}`" in readme, verdict.message
+        assert f"denied: `{verdict.message}`" in documented, verdict.message
     assert app(vm("tenant-acme-team", "x", H100)).allowed
     assert app(vm("tenant-acme", "render", L40S)).allowed
 
