@@ -49,7 +49,7 @@ The service ignores the query parameter.
 {{- printf "%s://%s.%s.svc:%d%s?cfg=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) -}}
 {{- end -}}
 
-{{/* Metacontroller reads these credentials when it builds the controller (see README). */}}
+{{/* Metacontroller reads these credentials when it builds the controller (see docs/operating.md). */}}
 {{- define "gpuclass-hooks.hook" -}}
 {{- $root := index . 0 -}}
 version: v2
