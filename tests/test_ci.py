@@ -1,0 +1,57 @@
+"""CI's verdict on a test report: every collected test ran and passed, and at least the floor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+CHECK = ROOT / ".ci" / "check_report.py"
+
+
+def report(tmp_path: Path, *cases: str) -> Path:
+    path = tmp_path / "junit.xml"
+    body = "".join(
+        f'<testcase classname="tests.m" name="t{i}">{c}</testcase>' for i, c in enumerate(cases)
+    )
+    path.write_text(f'<testsuites><testsuite name="pytest">{body}</testsuite></testsuites>')
+    return path
+
+
+def verdict(path: Path, floor: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(CHECK), str(path), str(floor)], capture_output=True, text=True
+    )
+
+
+def test_all_passed_at_the_floor_is_green(tmp_path: Path) -> None:
+    result = verdict(report(tmp_path, "", ""), 2)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize(
+    "case",
+    ['<skipped message="no helm"/>', '<failure message="x"/>', '<error message="x"/>'],
+)
+def test_one_skipped_or_failed_test_is_red(tmp_path: Path, case: str) -> None:
+    result = verdict(report(tmp_path, "", "", case), 2)
+    assert result.returncode == 1
+    assert "every test must run and pass" in result.stdout
+
+
+def test_fewer_tests_than_the_floor_is_red(tmp_path: Path) -> None:
+    result = verdict(report(tmp_path, ""), 2)
+    assert result.returncode == 1
+    assert "fewer than the floor" in result.stdout
+
+
+def test_an_empty_report_is_red(tmp_path: Path) -> None:
+    assert verdict(report(tmp_path), 1).returncode == 1
+
+
+def test_the_floor_is_set_near_the_size_of_the_suite() -> None:
+    floor = int((ROOT / ".ci" / "min-tests").read_text())
+    assert floor > 600
