@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -97,6 +98,24 @@ def test_metrics_can_require_the_token(settings: Settings, hook_tokens: Path) ->
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers=bearer("first-token")).status_code == 200
     assert client.get("/healthz").status_code == 200
+
+
+def test_the_bearer_scheme_is_case_insensitive(settings: Settings, hook_tokens: Path) -> None:
+    # RFC 7235: the scheme is a case-insensitive token; the token itself is compared exactly.
+    client = client_for(settings, auth_token_file=hook_tokens)
+    for scheme in ("bearer", "BEARER", "BeArEr"):
+        headers = {"Authorization": f"{scheme} first-token"}
+        assert client.post("/status/sync", json=BODY, headers=headers).status_code == 200
+    wrong_case = {"Authorization": "Bearer FIRST-TOKEN"}
+    assert client.post("/status/sync", json=BODY, headers=wrong_case).status_code == 401
+
+
+def test_a_body_exactly_at_the_limit_is_read(settings: Settings) -> None:
+    body = json.dumps(BODY).encode()
+    client = client_for(settings, max_body_bytes=len(body))
+    assert client.post("/status/sync", data=body, content_type=JSON).status_code == 200
+    one_more = body + b" "
+    assert client.post("/status/sync", data=one_more, content_type=JSON).status_code == 413
 
 
 def test_bodies_over_the_limit_get_413_without_being_read(settings: Settings) -> None:

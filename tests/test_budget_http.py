@@ -95,6 +95,20 @@ def test_update_shrinking_passes_growth_is_denied(client: FlaskClient) -> None:
     assert not review(client, "/admit/gpu-budget", grow)["allowed"]
 
 
+def test_update_in_a_pool_already_over_budget_checks_only_growth(
+    client: FlaskClient, cluster: list[dict[str, Any]]
+) -> None:
+    # written before the webhook: tenant a holds 3 L40S against its budget of 2
+    cluster.append(helmrelease("VMInstance", "tenant-a", "legacy", {"gpus": gpus(GPU)}))
+    old_spec = {"gpus": gpus(GPU), "running": True}
+    stop = vm("tenant-a", "legacy", GPU, operation="UPDATE", old_spec=old_spec)
+    stop["request"]["object"]["spec"]["running"] = False
+    assert review(client, "/admit/gpu-budget", stop)["allowed"]
+    grow = vm("tenant-a", "legacy", GPU, GPU, operation="UPDATE", old_spec=old_spec)
+    answer = review(client, "/admit/gpu-budget", grow)
+    assert not answer["allowed"] and "this VMInstance needs 2" in answer["status"]["message"]
+
+
 def test_worker_pool_reserves_gpus_times_max_replicas(client: FlaskClient) -> None:
     pool = admission_review("KubernetesNodes", "tenant-a", "workers", {"gpus": gpus(OTHER_GPU)})
     answer = review(client, "/admit/gpu-budget", pool)  # maxReplicas defaults to 10

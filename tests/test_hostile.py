@@ -44,12 +44,33 @@ def client() -> FlaskClient:
     ).test_client()
 
 
-def assert_answered(response: Any) -> None:
+# What a 200 of each Metacontroller hook holds: the envelope's keys, and those always sent.
+ANSWER_KEYS = {
+    "/status/customize": ({"relatedResources"}, {"relatedResources"}),
+    "/license/customize": ({"relatedResources"}, {"relatedResources"}),
+    "/status/sync": ({"status", "children", "resyncAfterSeconds"}, {"status", "children"}),
+    "/license/sync": ({"attachments", "status", "resyncAfterSeconds"}, {"attachments", "status"}),
+}
+
+
+def assert_answered(response: Any, route: str) -> None:
+    """A 4xx with a short JSON error, or a 200 that is the exact envelope of the route."""
     assert response.status_code == 200 or 400 <= response.status_code < 500, response.status_code
     assert response.mimetype == "application/json"
     payload = json.loads(response.get_data())
     if response.status_code != 200:
-        assert set(payload) == {"error"}
+        assert set(payload) == {"error"} and isinstance(payload["error"], str)
+        return
+    allowed, required = ANSWER_KEYS[route]
+    assert required <= set(payload) <= allowed, payload.keys()
+    if "relatedResources" in payload:
+        rules = payload["relatedResources"]
+        assert isinstance(rules, list)
+        assert all({"apiVersion", "resource"} <= set(rule) for rule in rules)
+    if route == "/status/sync":
+        assert payload["children"] == [] and isinstance(payload["status"], dict)
+    if route == "/license/sync":
+        assert payload["status"] is None and isinstance(payload["attachments"], list)
 
 
 def still_serving(client: FlaskClient) -> None:
@@ -84,7 +105,7 @@ RAW_BODIES = [
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("body", RAW_BODIES, ids=lambda b: repr(b[:24]))
 def test_malformed_bodies(client: FlaskClient, route: str, body: bytes) -> None:
-    assert_answered(client.post(route, data=body, content_type="application/json"))
+    assert_answered(client.post(route, data=body, content_type="application/json"), route)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -96,8 +117,8 @@ def test_wrong_content_types(client: FlaskClient, route: str, content_type: str)
     body = json.dumps(
         status_sync_request(gpuclass("a")) if "sync" in route else {"parent": gpuclass("a")}
     )
-    assert_answered(client.post(route, data=body, content_type=content_type))
-    assert_answered(client.post(route, data="parent=x&related=y", content_type=content_type))
+    assert_answered(client.post(route, data=body, content_type=content_type), route)
+    assert_answered(client.post(route, data="parent=x&related=y", content_type=content_type), route)
 
 
 def envelope_variants() -> list[dict[str, Any]]:
@@ -135,28 +156,30 @@ def envelope_variants() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("route", ROUTES)
 def test_wrong_types_at_every_level(client: FlaskClient, route: str) -> None:
     for variant in envelope_variants():
-        assert_answered(client.post(route, json=variant))
+        assert_answered(client.post(route, json=variant), route)
     still_serving(client)
 
 
+# A malformed quantity counts 0 wherever it stands, so only gpu-2's 4 units are free; 1Ki is 1024
+# whole units: gpu-1 offers them all, and the pod's 1024 exhaust gpu-2.
 @pytest.mark.parametrize(
-    "quantity",
+    ("quantity", "free"),
     [
-        "-1",
-        "-999999999999",
-        "1e30",
-        "9" * 60,
-        "NaN",
-        "Inf",
-        "0x10",
-        "1.5",
-        "",
-        " 1",
-        "1Ki",
-        "\u0661",
+        ("-1", 4),
+        ("-999999999999", 4),
+        ("1e30", 4),
+        ("9" * 60, 4),
+        ("NaN", 4),
+        ("Inf", 4),
+        ("0x10", 4),
+        ("1.5", 4),
+        ("", 4),
+        (" 1", 4),
+        ("1Ki", 1024),
+        ("\u0661", 4),
     ],
 )
-def test_negative_and_absurd_quantities(client: FlaskClient, quantity: str) -> None:
+def test_negative_and_absurd_quantities(client: FlaskClient, quantity: str, free: int) -> None:
     request = status_sync_request(
         gpuclass("a"),
         nodes=[node("gpu-1", gpus=quantity), node("gpu-2", gpus=4, capacity=quantity)],
@@ -164,7 +187,10 @@ def test_negative_and_absurd_quantities(client: FlaskClient, quantity: str) -> N
     )
     response = client.post("/status/sync", json=request)
     assert response.status_code == 200
-    assert 0 <= response.json["status"]["free"] <= 1024 + 4
+    assert (response.json["status"]["free"], response.json["status"]["maxFreePerNode"]) == (
+        free,
+        free,
+    )
 
 
 def test_unknown_kinds_and_groups_under_related_are_ignored(client: FlaskClient) -> None:
@@ -278,7 +304,7 @@ envelopes = st.fixed_dictionaries(
 def test_generated_envelopes_never_fail_the_service(
     client: FlaskClient, envelope: dict[str, Any], route: str
 ) -> None:
-    assert_answered(client.post(route, json=envelope))
+    assert_answered(client.post(route, json=envelope), route)
 
 
 def test_service_keeps_serving_after_the_storm(client: FlaskClient) -> None:

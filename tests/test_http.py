@@ -112,6 +112,11 @@ def test_healthz_and_readyz(client: FlaskClient) -> None:
             "not a cozystack.io/v1alpha1 GPUClass",
         ),
         (
+            b'{"parent": {"apiVersion": "cozystack.io/v1beta1", "kind": "GPUClass", '
+            b'"metadata": {"name": "a"}}}',
+            "not a cozystack.io/v1alpha1 GPUClass",
+        ),
+        (
             b'{"parent": {"apiVersion": "cozystack.io/v1alpha1", "kind": "GPUClass", '
             b'"metadata": {}}}',
             "no metadata.name",

@@ -47,7 +47,21 @@ def test_license_customize_example(client: FlaskClient) -> None:
     )
     assert response.status_code == 200
     assert_strict_customize(response.json)
-    assert len(response.json["relatedResources"]) == 3
+    # the source Secret, the entitled namespaces, and the copy's name in every namespace
+    assert response.json["relatedResources"] == [
+        {
+            "apiVersion": "v1",
+            "resource": "secrets",
+            "namespace": "cozy-gpu-operator",
+            "names": ["nvidia-license"],
+        },
+        {
+            "apiVersion": "v1",
+            "resource": "namespaces",
+            "labelSelector": {"matchLabels": {"namespace.cozystack.io/vgpu": "true"}},
+        },
+        {"apiVersion": "v1", "resource": "secrets", "names": ["gpuclass-l40s-24q-license"]},
+    ]
 
 
 def test_license_sync_example(client: FlaskClient) -> None:

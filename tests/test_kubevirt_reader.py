@@ -38,7 +38,7 @@ def test_404_means_kubevirt_absent(settings: Settings, apiserver: FakeApiServer)
 
 def test_missing_kubevirt_api_is_a_404_too(settings: Settings, apiserver: FakeApiServer) -> None:
     del apiserver.routes[KUBEVIRT_PATH]
-    assert isinstance(KubeVirtReader(settings).view(), KubeVirtAbsent)
+    assert KubeVirtReader(settings).view() == KubeVirtAbsent("cozy-kubevirt/kubevirt")
 
 
 def test_server_errors_and_forbidden_are_unreadable(
@@ -51,7 +51,13 @@ def test_server_errors_and_forbidden_are_unreadable(
 
 def test_invalid_body_is_unreadable(settings: Settings, apiserver: FakeApiServer) -> None:
     apiserver.serve(KUBEVIRT_PATH, 200, b"{not json")
-    assert isinstance(KubeVirtReader(settings).view(), KubeVirtUnreadable)
+    assert KubeVirtReader(settings).view() == KubeVirtUnreadable(
+        "the KubeVirt object is not valid: not valid JSON"
+    )
+    apiserver.serve(KUBEVIRT_PATH, 200, {"spec": {"configuration": []}})
+    assert KubeVirtReader(settings).view() == KubeVirtUnreadable(
+        "the KubeVirt object is not valid: spec.configuration: expected a map, got a list"
+    )
 
 
 def test_timeout_is_unreadable(settings: Settings, apiserver: FakeApiServer) -> None:
@@ -62,13 +68,13 @@ def test_timeout_is_unreadable(settings: Settings, apiserver: FakeApiServer) -> 
 
 def test_unreachable_api_is_unreadable(settings: Settings) -> None:
     gone = settings.model_copy(update={"kube_api": "http://127.0.0.1:9"})
-    assert isinstance(KubeVirtReader(gone).view(), KubeVirtUnreadable)
+    assert KubeVirtReader(gone).view() == KubeVirtUnreadable("request failed (ConnectionError)")
 
 
 def test_no_api_configured_is_unreadable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     view = KubeVirtReader(Settings(kube_token_file=tmp_path / "none")).view()
-    assert isinstance(view, KubeVirtUnreadable)
+    assert view == KubeVirtUnreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
 
 
 def test_burst_of_syncs_makes_one_read_within_the_cache_period(

@@ -371,6 +371,24 @@ def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path)
     settings = Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
     inv = planner.load([CLUSTER], settings)
     doc = planner.document(planner.plan_cluster(inv, settings, NOW), inv, None)
+    # Worked out by hand from examples/cluster.yaml: h100 has gpu-h100-1's 4 less 2 requested
+    # (gpu-h100-2's taint is not tolerated); h100-legacy is the younger class on that resource;
+    # l40s-24q has gpu-l40s-1's 2 less 1 requested (gpu-l40s-2 is cordoned); only tenant-a gets a
+    # copy (tenant-b holds its own Secret of that name, tenant-c is terminating).
+    summary = {
+        entry["name"]: (
+            entry["status"]["free"],
+            entry["status"]["maxFreePerNode"],
+            next(c["status"] for c in entry["status"]["conditions"] if c["type"] == "Ready"),
+            [a["metadata"]["namespace"] for a in entry["attachments"]],
+        )
+        for entry in doc["classes"]
+    }
+    assert summary == {
+        "h100": (2, 2, "True", []),
+        "h100-legacy": (0, 0, "False", []),
+        "l40s-24q": (1, 1, "True", ["tenant-a"]),
+    }
     items = yaml.safe_load(CLUSTER.read_text())["items"]
     kubevirt = next(o for o in items if o["kind"] == "KubeVirt")
     from tests.apiserver import KUBEVIRT_PATH, fake_apiserver

@@ -123,8 +123,9 @@ def compute_capacity(
 ) -> Capacity:
     """Per advertising node: allocatable, effective requests of the pods that count, eligibility.
 
-    A node advertises the resource when it appears in its capacity or allocatable. An object
-    with a malformed quantity counts as 0 for this rule and is reported in `invalid`.
+    A node holding the resource in its capacity or allocatable is listed; the resource is
+    advertised only when some node lists it in `status.capacity`. An object with a malformed
+    quantity counts as 0 for this rule and is reported in `invalid`.
     """
     tolerations = tuple(tolerations)
     invalid: list[InvalidObject] = []

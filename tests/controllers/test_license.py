@@ -95,7 +95,8 @@ def test_kept_copies_are_stable_while_the_source_is_missing() -> None:
         licensed_class(), secrets=observed, namespaces=[namespace("tenant-a")], attachments=observed
     )
     first = run(request)
-    assert len(first["attachments"]) == 1
+    [kept] = first["attachments"]
+    assert (kept["metadata"]["namespace"], kept["data"]) == ("tenant-a", observed[0]["data"])
     refed = as_observed(first, "l40s", "99")
     again = license_sync_request(
         licensed_class(), secrets=refed, namespaces=[namespace("tenant-a")], attachments=refed
@@ -108,7 +109,8 @@ def test_attachment_missing_from_related_is_still_recognised_as_managed() -> Non
     request = license_sync_request(
         licensed_class(), secrets=[], namespaces=[namespace("tenant-a")], attachments=attached
     )
-    assert len(run(request)["attachments"]) == 1
+    [kept] = run(request)["attachments"]
+    assert (kept["metadata"]["namespace"], kept["data"]) == ("tenant-a", attached[0]["data"])
 
 
 def test_unlicensed_class_returns_no_attachments() -> None:

@@ -180,6 +180,50 @@ def test_max_replicas_defaults_to_ten() -> None:
     assert admit(pool("tenant-a", "p", L40S, max_replicas=9), [], tenants)[0]
 
 
+def test_max_replicas_zero_reserves_nothing() -> None:
+    assert reservation(pool("ns", "p", L40S, max_replicas=0), CLASSES).get(TOTAL_KEY) == 0
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 0})]
+    assert admit(pool("tenant-a", "p", L40S, max_replicas=0), [], tenants)[0]
+
+
+def test_entries_mapping_to_no_class_are_checked_for_growth_only_on_update() -> None:
+    unknown = "nvidia.com/UNKNOWN"
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 8})]
+    old = vm("tenant-a", "v", unknown, L40S)
+    assert admit(vm("tenant-a", "v", unknown), [old], tenants, old=old)[0]
+    assert admit(old, [old], tenants, old=old)[0]
+    allowed, message = admit(vm("tenant-a", "v", unknown, unknown), [old], tenants, old=old)
+    assert not allowed and "map to no GPUClass" in message
+
+
+def test_a_class_being_deleted_wins_no_resource_name() -> None:
+    classes = (
+        ClassIdentity("going", "2020-01-01T00:00:00Z", True, L40S),
+        ClassIdentity("staying", "2026-01-01T00:00:00Z", False, L40S),
+    )
+    assert reservation(vm("ns", "v", L40S), classes).keys == {
+        class_key("staying"): 1,
+        TOTAL_KEY: 1,
+    }
+    tenants = [tenant("tenant-root", "a", {class_key("going"): 0, class_key("staying"): 1})]
+    verdict = check_app(
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, classes=classes
+    )
+    assert verdict.allowed, verdict.message
+
+
+def test_carve_outs_count_bounded_tenants_below_unbounded_ones() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant("tenant-a", "b"),  # unbounded: its namespace tenant-a-b is in a's pool
+        tenant("tenant-a-b", "c", {TOTAL_KEY: 3}),  # bounded: carves 3 out of a's pool
+    ]
+    assert Pools(tenants).carved_out("tenant-a", TOTAL_KEY) == 3
+    assert admit(vm("tenant-a", "v", L40S), [], tenants)[0]
+    allowed, message = admit(vm("tenant-a-b", "v", L40S, L40S), [], tenants)
+    assert not allowed and "has 1 left (budget 4, 3 carved out for sub-tenants" in message
+
+
 def test_entries_mapping_to_no_class() -> None:
     unknown = "nvidia.com/UNKNOWN"
     assert admit(

@@ -140,6 +140,14 @@ def test_malformed_quantity_counts_as_zero_and_is_reported() -> None:
 
 
 def test_resource_advertised_only_through_capacity() -> None:
+    only_capacity, only_allocatable = node("a", gpus=2), node("b", gpus=2)
+    del only_capacity["status"]["allocatable"][GPU]
+    del only_allocatable["status"]["capacity"][GPU]
+    through_capacity = capacity([only_capacity], [])
+    assert through_capacity.advertised and through_capacity.free == 0
+    # allocatable alone is not advertising (name drift shows in capacity first); its units count
+    through_allocatable = capacity([only_allocatable], [])
+    assert not through_allocatable.advertised and through_allocatable.free == 2
     assert not capacity([node("cpu", gpus=None)], []).advertised
 
 
