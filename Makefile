@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint tools lock fuzz bench bench-load clean
+.PHONY: run test lint tools lock fuzz bench bench-load bench-admission mutate clean
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -58,3 +58,8 @@ clean:
 # Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, ~8 GB).
 bench-load: $(BIN)/gpuclass-hooks
 	$(BIN)/python -m bench.load
+
+# Budget reviews against a real kube-apiserver holding 200x50 and 1000x50 tenants x apps: the
+# service's scoped reads and the fresh-LIST baseline (about 15 minutes; needs make tools).
+bench-admission: $(BIN)/gpuclass-hooks tools
+	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.admission

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import atheris
@@ -31,7 +32,7 @@ class FixedTenancy:
     def classes(self) -> list[ClassIdentity]:
         return [ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, "nvidia.com/GPU")]
 
-    def tenancy(self) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
         return Tenancy((Tenant("tenant-root", "a", {TOTAL_KEY: 4, class_key("l40s"): 2}),), ())
 
 

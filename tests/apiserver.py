@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,12 @@ def kubevirt_cr(*resources: str) -> dict[str, Any]:
     }
 
 
+# A namespaced list path without a route of its own is answered by the route of the cluster-wide
+# path, as the API server does, with the namespace passed to a list body under this key.
+NAMESPACE_PARAM = "__namespace"
+NAMESPACED = re.compile(r"^(/apis/[^/]+/[^/]+|/api/v1)/namespaces/([^/]+)/([^/]+)$")
+
+
 @dataclass
 class Route:
     code: int = 200
@@ -52,7 +59,13 @@ def list_of(
 
     def answer(query: dict[str, str]) -> dict[str, Any]:
         selector = parse_selector(query.get("labelSelector", ""))
-        matching = [i for i in items if selector_matches(selector, i["metadata"].get("labels", {}))]
+        namespace = query.get(NAMESPACE_PARAM)
+        matching = [
+            i
+            for i in items
+            if selector_matches(selector, i["metadata"].get("labels", {}))
+            and (namespace is None or i["metadata"].get("namespace") == namespace)
+        ]
         start = int(query.get("continue", "0"))
         page = matching[start : start + page_size]
         metadata = {"continue": str(start + page_size)} if start + page_size < len(matching) else {}
@@ -80,12 +93,19 @@ def fake_apiserver() -> Iterator[FakeApiServer]:
         def do_GET(self) -> None:
             seen.append((self.path, self.headers.get("Authorization")))
             parts = urlsplit(self.path)
-            route = routes.get(parts.path, Route(404, {"kind": "Status", "code": 404}))
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            route = routes.get(parts.path)
+            namespaced = NAMESPACED.match(parts.path)
+            if route is None and namespaced is not None:
+                route = routes.get(f"{namespaced[1]}/{namespaced[3]}")
+                query[NAMESPACE_PARAM] = namespaced[2]
+            if route is None:
+                route = Route(404, {"kind": "Status", "code": 404})
             if route.delay:
                 time.sleep(route.delay)
             body = route.body
             if callable(body):
-                body = body({k: v[0] for k, v in parse_qs(parts.query).items()})
+                body = body(query)
             payload = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
                 self.send_response(route.code)

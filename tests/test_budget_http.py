@@ -269,7 +269,10 @@ def test_a_malformed_quota_elsewhere_is_skipped_and_logged_once(
 ) -> None:
     quota = {"resourceQuotas": {L40S_KEY: "1500m"}}
     cluster.append(helmrelease("Tenant", "tenant-root", "legacy", quota))
-    assert review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))["allowed"]
+    # a bounded tenant x inside legacy: its pool is its own, so legacy's quota is read (legacy
+    # owns an ancestor namespace) but not needed
+    cluster.append(helmrelease("Tenant", "tenant-legacy", "x", {"resourceQuotas": {TOTAL_KEY: 2}}))
+    assert review(client, "/admit/gpu-budget", vm("tenant-legacy-x", "v", OTHER_GPU))["allowed"]
     skipped = [w for w in warnings if w["event"] == "skipped unreadable objects"]
     assert skipped == [
         {

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES, BudgetReader
+from hooks.kubeapi.budget import GPUCLASSES, HELM_API, HELMRELEASES, BudgetReader, releases_in
 from hooks.kubeapi.client import Unreadable
 from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
@@ -47,6 +48,21 @@ def reader(settings: Settings, now: list[float] | None = None) -> BudgetReader:
     )
 
 
+def releases_read(api: FakeApiServer) -> list[str]:
+    """The release LISTs made, as namespace and selector, first pages only."""
+    reads = []
+    for path, _ in api.requests:
+        parts = urlsplit(path)
+        if parts.path.startswith(HELM_API) and "continue" not in parts.query:
+            namespace = parts.path.removeprefix(f"{HELM_API}/namespaces/").split("/")[0]
+            reads.append(f"{namespace}: {parse_qs(parts.query)['labelSelector'][0]}")
+    return reads
+
+
+KINDS = "apps.cozystack.io/application.kind"
+NAME = "apps.cozystack.io/application.name"
+
+
 def test_reads_classes_tenants_and_apps_by_label_across_pages(
     settings: Settings, budget_api: FakeApiServer
 ) -> None:
@@ -55,10 +71,11 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
         ("l40s", GPU),
         ("broken", None),
     ]
-    tenancy = budgets.tenancy()
+    tenancy = budgets.tenancy(["tenant-a"])
     tenants = {t.name: t for t in tenancy.tenants}
+    assert set(tenants) == {"a"}  # b is another pool: not read
     assert tenants["a"].declaration == {TOTAL_KEY: 4, "requests.cpu": 0}
-    assert tenants["a"].namespace == "tenant-a" and not tenants["b"].bounded
+    assert tenants["a"].namespace == "tenant-a"
     apps = {a.name: a for a in tenancy.apps}
     assert set(apps) == {"vm1", "pool", "pool2"}
     assert (apps["pool"].kind, apps["pool"].max_replicas, apps["pool2"].max_replicas) == (
@@ -67,15 +84,26 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
         None,
     )
     assert apps["vm1"].gpus == (GPU,)
-    queries = [path for path, _ in budget_api.requests if path.startswith(HELMRELEASES)]
-    # one LIST for tenants and apps together: one consistent snapshot
-    assert all(
-        "labelSelector=apps.cozystack.io%2Fapplication.kind+in+%28Tenant%2CVMInstance%2CKubernetesNodes%29"
-        in q
-        for q in queries
-    ), queries
-    assert any("continue=2" in q for q in queries)
+    # the owners of tenant-a and tenant-root, then tenant-a's pool: namespaced, by label
+    assert releases_read(budget_api) == [
+        f"tenant-root: {KINDS}=Tenant,{NAME} in (a,root)",
+        f"tenant-root: {KINDS}=Tenant,!{NAME}",
+        f"tenant-a: {KINDS} in (Tenant,VMInstance,KubernetesNodes)",
+    ]
+    assert any("continue=2" in path for path, _ in budget_api.requests)
     assert all(auth == "Bearer sa-token-1" for _, auth in budget_api.requests)
+
+
+def test_an_unbounded_namespace_reads_no_pool(
+    settings: Settings, budget_api: FakeApiServer
+) -> None:
+    tenancy = reader(settings).tenancy(["tenant-b"])
+    assert [t.name for t in tenancy.tenants] == ["b"] and not tenancy.tenants[0].bounded
+    assert releases_read(budget_api) == [
+        f"tenant-root: {KINDS}=Tenant,{NAME} in (b,root)",
+        f"tenant-root: {KINDS}=Tenant,!{NAME}",
+        f"tenant-b: {KINDS} in (Tenant,VMInstance,KubernetesNodes)",
+    ]
 
 
 def test_classes_are_cached_briefly_tenants_and_apps_never(
@@ -87,10 +115,10 @@ def test_classes_are_cached_briefly_tenants_and_apps_never(
     def reads(path: str) -> int:
         return sum(1 for p, _ in budget_api.requests if p.startswith(path) and "continue" not in p)
 
-    budgets.classes(), budgets.tenancy()
-    budgets.classes(), budgets.tenancy()
+    budgets.classes(), budgets.tenancy(["tenant-a"])
+    budgets.classes(), budgets.tenancy(["tenant-a"])
     assert reads(GPUCLASSES) == 1
-    assert reads(HELMRELEASES) == 2
+    assert reads(releases_in("tenant-a")) == 2
     now[0] = 6.0
     budgets.classes()
     assert reads(GPUCLASSES) == 2
@@ -102,7 +130,7 @@ def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
 ) -> None:
     apiserver.serve(HELMRELEASES, code, {"kind": "Status"})
     with pytest.raises(Unreadable, match=f"could not list HelmReleases .*HTTP {code}"):
-        reader(settings).tenancy()
+        reader(settings).tenancy(["tenant-a"])
     with pytest.raises(Unreadable, match="could not list GPUClasses"):
         reader(settings).classes()  # not served at all: 404
 
@@ -129,7 +157,7 @@ def test_objects_that_do_not_decode_are_kept_and_named(
             ]
         ),
     )
-    tenancy = reader(settings).tenancy()
+    tenancy = reader(settings).tenancy(["tenant-x", "tenant-a", "tenant-b"])
     assert [(t.name, t.unreadable) for t in tenancy.tenants] == [
         (
             "a",
@@ -165,10 +193,10 @@ def test_timeout_fails_closed(settings: Settings, apiserver: FakeApiServer) -> N
     apiserver.serve(HELMRELEASES, 200, list_of([]), delay=1.0)
     fast = settings.model_copy(update={"kube_timeout_seconds": 0.2})
     with pytest.raises(Unreadable, match="timed out"):
-        BudgetReader(fast).tenancy()
+        BudgetReader(fast).tenancy(["tenant-a"])
 
 
 def test_no_api_configured_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(Unreadable, match="no Kubernetes API configured"):
-        BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy()
+        BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy(["tenant-a"])

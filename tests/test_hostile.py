@@ -4,6 +4,7 @@ error; never 500, never a hang, and the service keeps serving afterwards."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -324,7 +325,7 @@ class BoundedTenantA:
     def classes(self) -> list[ClassIdentity]:
         return [ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU)]
 
-    def tenancy(self) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
         return Tenancy((Tenant("tenant-root", "a", {TOTAL_KEY: 4, class_key("l40s"): 2}),), ())
 
 

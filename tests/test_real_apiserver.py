@@ -23,14 +23,16 @@ import trustme
 import yaml
 
 from hooks.app import create_app
+from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, release_object
+from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.rules.budget import TOTAL_KEY
+from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, check_app
 from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
 from tests.chart import CHART, helm
-from tests.controlplane import ControlPlane, collection_path, object_path
+from tests.controlplane import ADMIN_TOKEN, ControlPlane, collection_path, object_path
 from tests.live import LiveServer, live_server
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -531,3 +533,51 @@ def test_api_server_relays_the_declaration_gate(kube: ControlPlane, tenants: Non
     )
     assert code == 403 and "l40sgpuclass.cozystack.io/devices: not a GPU budget key" in message
     assert create(kube, app_object("Tenant", "tenant-a", "quiet", {"resourceQuotas": {}}))[0] == 201
+
+
+def test_scoped_reads_give_the_verdicts_of_a_full_list(
+    kube: ControlPlane, tenants: None, tmp_path: Path
+) -> None:
+    """The label selectors and namespaced LISTs of the scoped reads, on the real server: for a
+    review in each namespace of a nested tree, the verdict equals the one over every release."""
+    for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab", "tenant-s-dev-deep"):
+        kube.namespace(namespace)
+    store(kube, "Tenant", "tenant-root", "s", {"resourceQuotas": {TOTAL_KEY: "4"}})
+    store(kube, "Tenant", "tenant-s", "dev", {})
+    store(kube, "Tenant", "tenant-s", "lab", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    store(kube, "Tenant", "tenant-s-dev", "deep", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab"):
+        store(kube, "VMInstance", namespace, "vm", {"gpus": gpus(GPU)})
+    nameless = helmrelease("Tenant", "tenant-s-dev", "nameless", {})
+    del nameless["metadata"]["labels"]["apps.cozystack.io/application.name"]
+    kube.apply(nameless)  # fails closed beneath tenant-s-dev, and nowhere else
+    token = tmp_path / "token"
+    token.write_text(ADMIN_TOKEN)
+    settings = Settings(kube_api=kube.url, kube_token_file=token, kube_ca_file=kube.ca_file)
+    reader = BudgetReader(settings)
+    everything = [
+        release_object(raw) for raw in ApiClient(settings).list(HELMRELEASES, TENANCY_SELECTOR)
+    ]
+    full = Tenancy(
+        tuple(o for o in everything if isinstance(o, Tenant)),
+        tuple(o for o in everything if isinstance(o, App)),
+    )
+    verdicts = []
+    for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab", "tenant-s-dev-deep", "tenant-a"):
+        for count in (1, 3):
+            new = App(namespace, "VMInstance", "new", (GPU,) * count)
+            scoped = reader.tenancy([namespace])
+            verdict = check_app(
+                new=new,
+                old=None,
+                apps=scoped.apps,
+                tenants=scoped.tenants,
+                classes=reader.classes(),
+            )
+            expected = check_app(
+                new=new, old=None, apps=full.apps, tenants=full.tenants, classes=reader.classes()
+            )
+            # the same verdict; what it skipped differs (a full list reads what it does not need)
+            assert (verdict.allowed, verdict.message) == (expected.allowed, expected.message)
+            verdicts.append(verdict.allowed)
+    assert True in verdicts and False in verdicts  # the tree admits and denies

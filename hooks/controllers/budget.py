@@ -8,7 +8,7 @@ webhook fails closed: an input it cannot read denies the request, saying what co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,7 +45,9 @@ class BudgetInputs(Protocol):
     tenant's denial can carry (the webhook fails closed)."""
 
     def classes(self) -> list[ClassIdentity]: ...
-    def tenancy(self) -> Tenancy: ...
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        """Every tenant and app the verdicts about these namespaces read (at least)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
         return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
-        tenancy = inputs.tenancy()
+        tenancy = inputs.tenancy((request.namespace,))
         return check_app(
             new=new, old=old, apps=tenancy.apps, tenants=tenancy.tenants, classes=inputs.classes()
         )
@@ -147,7 +149,8 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
         return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
-        tenancy = inputs.tenancy()
+        # the pool the tenant carves out of, and the tenant's own, which its floor reads
+        tenancy = inputs.tenancy((request.namespace, new.namespace or request.namespace))
         return check_declaration(
             new=new,
             old=old,

@@ -2,9 +2,13 @@
 
 GPUClasses are cached for `GPUCLASS_ADMISSION_CACHE_SECONDS`: they are the hoster's, change
 rarely, and a class seen a few seconds late maps a device to the key it mapped to a moment ago.
+
 Tenant declarations and app reservations are never cached: the webhook itself admits them, so a
-cached list would let two quick requests (or two replicas) each take the same budget. They come
-from one LIST, which the API server answers from one consistent snapshot.
+cached list would let two quick requests (or two replicas) each take the same budget. Nor are
+they read cluster-wide: a review reads only the pool it is about (`scoped_tenancy`), with a few
+namespaced LISTs made after the review arrived. Each is a consistent read, so every release the
+API server had stored when the review arrived is seen, and what a review costs the API server
+grows with its pool, not with the cluster.
 
 A release that does not decode is kept, marked with what could not be read and where, so that
 the rules deny only the verdicts that need it.
@@ -14,7 +18,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -24,9 +29,11 @@ from hooks.rules.budget import (
     TENANT,
     VM_INSTANCE,
     App,
+    Pools,
     Tenancy,
     Tenant,
     app_from,
+    owner_of,
     quota_problem,
     tenant_declaration,
 )
@@ -36,9 +43,21 @@ from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, R
 from hooks.wire.kube import GPUClass
 from hooks.wire.problems import Undecodable, decoded
 
-HELMRELEASES = "/apis/helm.toolkit.fluxcd.io/v2/helmreleases"
+HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
+HELMRELEASES = f"{HELM_API}/helmreleases"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
 TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES})"
+# Tenant releases that do not say which tenant they are: they fail closed beneath where they live.
+UNNAMED_TENANTS = f"{KIND_LABEL}={TENANT},!{NAME_LABEL}"
+
+
+def releases_in(namespace: str) -> str:
+    return f"{HELM_API}/namespaces/{namespace}/helmreleases"
+
+
+def tenants_named(names: Iterable[str]) -> str:
+    return f"{KIND_LABEL}={TENANT},{NAME_LABEL} in ({','.join(sorted(names))})"
+
 
 _RELEASE = msgspec.json.Decoder(HelmRelease)
 _HEAD = msgspec.json.Decoder(ReleaseHead)
@@ -75,6 +94,93 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
     return app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
 
 
+class ReleaseSource(Protocol):
+    """Where `scoped_tenancy` reads releases from (the API server, or a test's cluster)."""
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+        """The Tenant releases of the namespace with these names, and those naming no tenant."""
+        ...
+
+    def namespace(self, namespace: str) -> list[Tenant | App]:
+        """Every Tenant, VMInstance and KubernetesNodes release of the namespace."""
+        ...
+
+
+def _key(obj: Tenant | App) -> tuple[object, ...]:
+    if isinstance(obj, Tenant):
+        return ("Tenant", obj.release_namespace, obj.name, obj.unreadable)
+    return (obj.kind, obj.namespace, obj.name, obj.unreadable)
+
+
+def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
+    """What the verdicts about these namespaces read, and nothing more.
+
+    1. The tenants owning each namespace and every ancestor of it (one LIST per namespace they
+       are declared in), which place each namespace in its pool.
+    2. Each pool, from its root down, and each namespace itself, from there down: the apps and
+       the Tenant releases of every namespace, descending through unbounded tenants and stopping
+       at bounded ones, which carve their declaration out of the pool and hold their own pools.
+
+    The rules give the same verdict on this as on every release of the cluster: a pool's
+    arithmetic reads only its members, its carve-outs and the tenants above it.
+    """
+    scope = tuple(dict.fromkeys(namespaces))
+    found: dict[tuple[object, ...], Tenant | App] = {}
+
+    def add(objects: Iterable[Tenant | App]) -> None:
+        for obj in objects:
+            found.setdefault(_key(obj), obj)
+
+    owners: dict[str, set[str]] = {}
+    for namespace in scope:
+        current: str | None = namespace
+        while current is not None and (owner := owner_of(current)) is not None:
+            owners.setdefault(owner[0], set()).add(owner[1])
+            current = None if current == owner[0] else owner[0]
+    for release_namespace, names in sorted(owners.items()):
+        add(source.tenants(release_namespace, sorted(names)))
+
+    placed = Pools(t for t in found.values() if isinstance(t, Tenant))
+    starts = [root for root in map(placed.root, scope) if root is not None]
+    pending = list(dict.fromkeys([*starts, *scope]))
+    visited: set[str] = set()
+    while pending:
+        namespace = pending.pop()
+        if namespace in visited:
+            continue
+        visited.add(namespace)
+        objects = source.namespace(namespace)
+        add(objects)
+        pending.extend(
+            obj.namespace
+            for obj in objects
+            if isinstance(obj, Tenant) and obj.namespace is not None and not obj.bounded
+        )
+    return Tenancy(
+        tuple(o for o in found.values() if isinstance(o, Tenant)),
+        tuple(o for o in found.values() if isinstance(o, App)),
+    )
+
+
+class ApiReleases:
+    """`ReleaseSource` over the API server: namespaced LISTs selected by Cozystack's labels."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+
+    def _list(self, namespace: str, selector: str) -> list[Tenant | App]:
+        return [release_object(raw) for raw in self._api.list(releases_in(namespace), selector)]
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+        return [
+            *self._list(release_namespace, tenants_named(names)),
+            *self._list(release_namespace, UNNAMED_TENANTS),
+        ]
+
+    def namespace(self, namespace: str) -> list[Tenant | App]:
+        return self._list(namespace, TENANCY_SELECTOR)
+
+
 class BudgetReader:
     """Reads GPUClasses, Tenant and app HelmReleases; one request at a time per reader."""
 
@@ -82,6 +188,7 @@ class BudgetReader:
         self._settings = settings
         self._clock = clock
         self._api = ApiClient(settings)
+        self._releases = ApiReleases(self._api)
         self._lock = threading.Lock()
         self._classes: tuple[float, list[ClassIdentity]] | None = None
 
@@ -103,15 +210,10 @@ class BudgetReader:
             self._classes = (now, classes)
             return classes
 
-    def tenancy(self) -> Tenancy:
-        """Every Tenant, VMInstance and KubernetesNodes release, read fresh on every review."""
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        """The pools of these namespaces, read fresh on every review."""
         with self._lock:
             try:
-                releases = self._api.list(HELMRELEASES, TENANCY_SELECTOR)
-                objects = [release_object(raw) for raw in releases]
+                return scoped_tenancy(self._releases, namespaces)
             except Unreadable as error:
                 raise Unreadable(f"could not list HelmReleases ({error})") from None
-        return Tenancy(
-            tuple(o for o in objects if isinstance(o, Tenant)),
-            tuple(o for o in objects if isinstance(o, App)),
-        )

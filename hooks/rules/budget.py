@@ -85,6 +85,18 @@ def tenant_namespace(release_namespace: str, tenant_name: str) -> str:
     return f"{release_namespace}-{tenant_name}"
 
 
+def owner_of(namespace: str) -> tuple[str, str] | None:
+    """Where the Tenant owning a namespace is declared, and its name: the inverse of
+    `tenant_namespace`. None for a namespace no tenant owns."""
+    if namespace == ROOT_NAMESPACE:
+        return ROOT_NAMESPACE, ROOT_TENANT
+    parent = parent_namespace(namespace)
+    if parent is None:
+        return None
+    prefix = "tenant-" if parent == ROOT_NAMESPACE else f"{parent}-"
+    return parent, namespace.removeprefix(prefix)
+
+
 def strictly_below(namespace: str, ancestor: str) -> bool:
     """The namespace is a descendant of the ancestor's (not the ancestor's own)."""
     if ancestor == ROOT_NAMESPACE:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hooks.controllers.budget import review_app, review_tenant
+from hooks.kubeapi.budget import scoped_tenancy
 from hooks.rules.budget import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
@@ -40,6 +42,27 @@ NAMES = ("a", "b", "c", "d", "e", "f")
 
 
 # --- the model -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Releases:
+    """The cluster as the API server would list its releases, namespace by namespace."""
+
+    cluster: Cluster
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+        return [
+            t
+            for t in self.cluster.everything().tenants
+            if t.release_namespace == release_namespace and t.name in names
+        ]
+
+    def namespace(self, namespace: str) -> list[Tenant | App]:
+        everything = self.cluster.everything()
+        return [
+            *(t for t in everything.tenants if t.release_namespace == namespace),
+            *(a for a in everything.apps if a.namespace == namespace),
+        ]
 
 
 def own_namespace(release_namespace: str, name: str) -> str:
@@ -71,7 +94,12 @@ class Cluster:
     def classes(self) -> list[ClassIdentity]:
         return list(CLASSES)
 
-    def tenancy(self) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        # The webhook's own way of reading only the pools a review is about: a release it failed
+        # to read would show as a verdict the model disagrees with.
+        return scoped_tenancy(Releases(self), namespaces)
+
+    def everything(self) -> Tenancy:
         return Tenancy(
             tuple(Tenant(r, n, dict(d)) for (r, n), d in self.tenants.items()),
             tuple(App(ns, k, n, g, m) for (ns, k, n), (g, m) in self.apps.items()),
