@@ -207,3 +207,91 @@ def test_secret_in_source_namespace_with_another_name_is_not_the_source() -> Non
         license_sync_request(licensed_class(), secrets=[impostor], namespaces=[namespace("a")])
     )
     assert response["attachments"] == []
+
+
+# --- what the route logs and exports: the outcome beside the response ---------------------------
+
+
+def outcome_of(request: dict[str, Any], settings: Settings | None = None) -> license.LicenseOutcome:
+    return license.sync(decode_decorator_sync(json.dumps(request).encode()), settings or Settings())
+
+
+ENTITLED = [namespace("tenant-a"), namespace("tenant-b")]
+
+
+def test_outcome_of_each_early_answer_names_the_class() -> None:
+    copies = [managed_copy("l40s", "tenant-a")]
+    request = license_sync_request(
+        licensed_class(), secrets=[source_secret()], namespaces=ENTITLED, attachments=copies
+    )
+    disabled = outcome_of(request, Settings(enabled=False))
+    assert (disabled.class_name, disabled.outcome, disabled.counts) == ("l40s", "disabled", {})
+    invalid = licensed_class()
+    invalid["spec"]["resourceName"] = "no-slash"
+    edited = outcome_of(
+        license_sync_request(invalid, secrets=[], namespaces=ENTITLED, attachments=copies)
+    )
+    assert (edited.class_name, edited.outcome, edited.counts) == (
+        "l40s",
+        "invalid_spec",
+        {"kept": 1},
+    )
+    unlicensed = outcome_of(license_sync_request(gpuclass("plain"), secrets=[], namespaces=[]))
+    assert (unlicensed.class_name, unlicensed.outcome) == ("plain", "unlicensed")
+    stale = outcome_of(
+        license_sync_request(licensed_class(), secrets=None, namespaces=None, attachments=copies)
+    )
+    assert (stale.class_name, stale.outcome, stale.counts) == ("l40s", "stale_related", {"kept": 1})
+
+
+def test_outcome_of_a_plan_counts_copies_new_copies_and_conflicts() -> None:
+    copies = [managed_copy("l40s", "tenant-a")]
+    foreign = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
+    request = license_sync_request(
+        licensed_class(),
+        secrets=[source_secret(), foreign, *copies],
+        namespaces=[*ENTITLED, namespace("tenant-c")],
+        attachments=copies,
+    )
+    outcome = outcome_of(request)
+    assert (outcome.class_name, outcome.outcome) == ("l40s", "ok")
+    # a usable source writes every copy afresh, the kept one in tenant-a included
+    assert outcome.counts == {"copies": 2, "new_copies": 2, "conflicts": 1}
+    missing = outcome_of(license_sync_request(licensed_class(), secrets=[], namespaces=ENTITLED))
+    assert missing.outcome == "source_unusable"
+
+
+def test_foreign_secrets_in_several_namespaces_are_each_a_conflict() -> None:
+    request = license_sync_request(
+        licensed_class(),
+        secrets=[
+            source_secret(),
+            secret("gpuclass-l40s-license", "tenant-a", data={"x": b"y"}),
+            secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"}),
+        ],
+        namespaces=ENTITLED,
+    )
+    outcome = outcome_of(request)
+    assert outcome.plan is not None and sorted(outcome.plan.foreign) == ["tenant-a", "tenant-b"]
+    assert outcome.counts["conflicts"] == 2 and outcome.counts["copies"] == 0
+
+
+def test_objects_that_do_not_decode_are_named_with_their_kind() -> None:
+    request = license_sync_request(licensed_class(), secrets=[source_secret()], namespaces=ENTITLED)
+    request["related"]["Secret.v1"]["tenant-x/odd"] = {"data": []}
+    request["related"]["Namespace.v1"]["odd"] = {"metadata": []}
+    invalid = outcome_of(request).invalid
+    assert [(o.kind, o.name, o.reason) for o in invalid] == [
+        ("Secret", "tenant-x/odd", "does not decode"),
+        ("Namespace", "odd", "does not decode"),
+    ]
+
+
+def test_bad_requests_say_what_is_missing() -> None:
+    request = license_sync_request(licensed_class(), secrets=[], namespaces=[])
+    del request["attachments"]
+    with pytest.raises(BadRequest, match=r"^request has no attachments$"):
+        outcome_of(request)
+    nameless = CustomizeRequest(parent=msgspec.Raw(json.dumps(gpuclass("")).encode()))
+    with pytest.raises(BadRequest, match=r"^parent has no metadata\.name$"):
+        license.customize(nameless, Settings())

@@ -333,3 +333,92 @@ def test_status_customize_adds_the_license_rules_for_licensed_classes() -> None:
         "namespaces",
         "secrets",
     ]
+
+
+# --- what the route logs and exports: the outcome beside the response ---------------------------
+
+
+def outcome_of(
+    request: dict[str, Any], view: KubeVirtView = PERMITTED, settings: Settings | None = None
+) -> status.StatusOutcome:
+    decoded = decode_composite_sync(json.dumps(request).encode())
+    return status.sync(decoded, settings or Settings(), lambda: view, NOW)
+
+
+def test_outcome_of_a_disabled_class_names_it_and_exports_nothing() -> None:
+    outcome = outcome_of(cluster(), settings=Settings(enabled=False))
+    assert (outcome.class_name, outcome.outcome, outcome.known_classes) == ("l40s", "disabled", ())
+    assert (outcome.conditions, outcome.counts, outcome.capacity) == ((), {}, None)
+
+
+def test_outcome_of_an_invalid_spec_carries_its_one_condition() -> None:
+    outcome = outcome_of(status_sync_request(gpuclass("bad", resource="no-slash")))
+    assert (outcome.class_name, outcome.outcome, outcome.resource) == ("bad", "invalid_spec", None)
+    [condition] = outcome.conditions
+    assert (condition.type, condition.status, condition.reason) == ("Ready", "False", "InvalidSpec")
+    assert outcome.response.children == []
+
+
+def test_outcome_of_stale_related_groups_names_class_and_resource() -> None:
+    request = cluster()
+    del request["related"]["Node.v1"]
+    outcome = outcome_of(request)
+    assert (outcome.class_name, outcome.outcome, outcome.resource) == (
+        "l40s",
+        "stale_related",
+        GPU,
+    )
+
+
+def test_outcome_of_a_sync_counts_what_it_read_and_names_what_it_skipped() -> None:
+    request = cluster()
+    request["related"]["Node.v1"]["broken"] = {"metadata": {"name": "broken"}, "spec": []}
+    request["related"]["Pod.v1"]["tenant-a/broken"] = {"spec": []}
+    request["related"]["GPUClass.cozystack.io/v1alpha1"]["broken"] = {"metadata": []}
+    outcome = outcome_of(request)
+    assert (outcome.class_name, outcome.outcome, outcome.resource) == ("l40s", "ok", GPU)
+    assert outcome.counts == {"nodes": 4, "eligible_nodes": 2, "counted_pods": 2}
+    assert [(o.kind, o.name) for o in outcome.invalid] == [
+        ("Node", "broken"),
+        ("Pod", "tenant-a/broken"),
+        ("GPUClass", "broken"),
+    ]
+    assert (outcome.free, outcome.max_free_per_node, outcome.exports_inventory) == (3, 3, True)
+    assert sorted(outcome.known_classes or ()) == ["l40s"]
+    assert outcome.conditions == tuple(outcome.response.status.conditions)  # type: ignore[union-attr]
+    assert outcome_of(cluster(), KubeVirtUnreadable("timed out")).outcome == "kubevirt_unreadable"
+
+
+def test_outcome_of_a_licensed_class_counts_copies_and_conflicts() -> None:
+    from tests.builders import namespace, secret, source_secret
+
+    tenant_secret = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
+    request = licensed_cluster(
+        secrets=[source_secret(), tenant_secret],
+        namespaces=[namespace("tenant-a"), namespace("tenant-b"), namespace("tenant-c")],
+    )
+    outcome = outcome_of(request)
+    assert outcome.counts == {
+        "nodes": 1,
+        "eligible_nodes": 1,
+        "counted_pods": 0,
+        "copies": 2,
+        "conflicts": 1,
+    }
+    assert conditions(msgspec.json.decode(encode(outcome.response)))["LicenseCopyConflict"] == (
+        "True",
+        "ForeignSecret",
+    )
+
+
+def test_conditions_name_the_resource_and_the_older_class() -> None:
+    request = status_sync_request(
+        gpuclass("young", created="2026-02-01T00:00:00Z"),
+        nodes=[],
+        classes=[gpuclass("old", created="2026-01-01T00:00:00Z")],
+    )
+    messages = {c["type"]: c["message"] for c in run(request)["status"]["conditions"]}
+    assert messages["ResourceNameConflict"] == (
+        f"class old is older and has the same resourceName {GPU}"
+    )
+    assert messages["ResourceNotAdvertised"] == f"no node lists {GPU} in status.capacity"

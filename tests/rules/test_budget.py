@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from hooks.rules.budget import (
     FAILED_CLOSED,
     KUBERNETES_NODES,
@@ -574,3 +576,125 @@ def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> 
         classes=CLASSES,
     )
     assert not declared.allowed and declared.skipped == (broken.unreadable,)
+
+
+def test_parse_budget_whole_devices_from_what_people_write() -> None:
+    from hooks.rules.budget import parse_budget
+    from hooks.rules.quantity import QuantityError
+
+    assert (parse_budget(2), parse_budget("2"), parse_budget(2.0), parse_budget("2000m")) == (
+        2,
+        2,
+        2,
+        2,
+    )
+    for value, reason in ((None, "not a quantity"), (True, "not a quantity"), (-1, "negative")):
+        with pytest.raises(QuantityError, match=f"^{reason}"):
+            parse_budget(value)
+    with pytest.raises(QuantityError):
+        parse_budget(1.5)
+
+
+def test_tenant_declaration_marks_values_that_do_not_parse() -> None:
+    from hooks.rules.budget import tenant_declaration
+
+    assert tenant_declaration({TOTAL_KEY: "1500m", L40S_KEY: "2", "requests.cpu": "4"}) == {
+        TOTAL_KEY: None,
+        L40S_KEY: 2,
+        "requests.cpu": 0,
+    }
+
+
+def test_strictly_below() -> None:
+    from hooks.rules.budget import strictly_below
+
+    assert strictly_below("tenant-a", "tenant-root")
+    assert not strictly_below("tenant-root", "tenant-root")
+    assert not strictly_below("default", "tenant-root")
+    assert strictly_below("tenant-a-b", "tenant-a")
+    assert not strictly_below("tenant-ab", "tenant-a")
+    assert not strictly_below("tenant-a", "tenant-a")
+
+
+def test_owner_of_is_the_inverse_of_tenant_namespace() -> None:
+    from hooks.rules.budget import owner_of
+
+    for release_namespace, name in (
+        ("tenant-root", "root"),
+        ("tenant-root", "a"),
+        ("tenant-a", "b"),
+    ):
+        assert owner_of(tenant_namespace(release_namespace, name)) == (release_namespace, name)
+    assert owner_of("default") is None
+
+
+def test_messages_list_every_unmapped_entry_and_every_stray_key() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 8})]
+    allowed, message = admit(vm("tenant-a", "v", "nvidia.com/X", "nvidia.com/Y"), [], tenants)
+    assert not allowed and message.startswith("gpus entries nvidia.com/X, nvidia.com/Y map to no")
+    refused = check_declaration(
+        new=tenant(
+            "tenant-root",
+            "a",
+            {"xgpuclass.cozystack.io/devices": 1, "ygpuclass.cozystack.io/devices": 1},
+        ),
+        old=None,
+        apps=[],
+        tenants=[],
+        classes=CLASSES,
+    )
+    assert refused.allowed is False
+    assert refused.message.startswith(
+        "xgpuclass.cozystack.io/devices, ygpuclass.cozystack.io/devices: not a GPU budget key"
+    )
+
+
+def test_verdicts_are_booleans() -> None:
+    broken = broken_tenant("tenant-root", "a")
+    verdict = check_app(
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=[broken], classes=CLASSES
+    )
+    assert verdict.allowed is False and verdict.message.startswith(
+        "GPU budget check failed closed: "
+    )
+    typo = check_declaration(
+        new=tenant("tenant-root", "a", {"l40sgpuclass.cozystack.io/devices": 1}),
+        old=None,
+        apps=[],
+        tenants=[],
+        classes=CLASSES,
+    )
+    assert typo.allowed is False
+
+
+def test_declaration_gate_says_when_the_pool_can_give_nothing() -> None:
+    tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 2}), tenant("tenant-a", "b")]
+    verdict = check_declaration(
+        new=tenant("tenant-a", "c", {TOTAL_KEY: 1}),
+        old=None,
+        apps=[vm("tenant-a", "v", L40S, L40S)],
+        tenants=tenants,
+        classes=CLASSES,
+    )
+    assert verdict.allowed is False
+    assert verdict.message == (
+        f"{TOTAL_KEY}: tenant c declares 1, the pool of tenant a (tenant-a) can give 0 "
+        "(budget 2, 0 carved out for other sub-tenants, 2 reserved by apps)"
+    )
+
+
+def test_declaration_gate_checks_only_keys_that_grow() -> None:
+    # a's pool holds 3 of its total of 2; b lowers its class key and keeps its total: it passes
+    tenants = [
+        tenant("tenant-root", "a", {TOTAL_KEY: 2}),
+        tenant("tenant-a", "b", {TOTAL_KEY: 1, L40S_KEY: 1}),
+    ]
+    apps = [vm("tenant-a", "v", L40S, L40S)]
+    verdict = check_declaration(
+        new=tenant("tenant-a", "b", {TOTAL_KEY: 1, L40S_KEY: 0}),
+        old=tenants[1],
+        apps=apps,
+        tenants=tenants,
+        classes=CLASSES,
+    )
+    assert verdict.allowed is True, verdict.message

@@ -147,3 +147,67 @@ def test_conditions_carry_parent_generation_and_fixed_order() -> None:
     settled = settle([Verdict(t, "False", "X") for t in reversed(ORDER)], [], 7, NOW)
     assert [c.type for c in settled] == list(ORDER)
     assert {c.observed_generation for c in settled} == {7}
+
+
+# --- every condition word for word -------------------------------------------------------------
+
+
+def test_conditions_word_for_word() -> None:
+    from hooks.rules.conditions import (
+        Verdict,
+        advertised_condition,
+        conflict_condition,
+        license_conflict_condition,
+        license_secret_condition,
+    )
+    from hooks.rules.license import LicensePlan, SourceState
+
+    assert conflict_condition(GPU, None) == Verdict(
+        "ResourceNameConflict", "False", "NoConflict", f"no older class has {GPU}"
+    )
+    assert advertised_condition(GPU, True) == Verdict(
+        "ResourceNotAdvertised", "False", "Advertised", f"nodes advertise {GPU}"
+    )
+    assert advertised_condition(GPU, False) == Verdict(
+        "ResourceNotAdvertised",
+        "True",
+        "NoNodeAdvertises",
+        f"no node lists {GPU} in status.capacity",
+    )
+    found = SourceState(True, "SecretFound", "license Secret a/b holds a token")
+    assert license_secret_condition(found) == Verdict(
+        "LicenseSecretMissing", "False", "SecretFound", "license Secret a/b holds a token"
+    )
+
+    def conflict(foreign: tuple[str, ...] = (), unmanaged: tuple[str, ...] = ()) -> Verdict:
+        plan = LicensePlan(found, (), 0, foreign, unmanaged, (), ())
+        return license_conflict_condition(plan, "gpuclass-l40s-license")
+
+    assert conflict() == Verdict(
+        "LicenseCopyConflict",
+        "False",
+        "NoConflict",
+        "no foreign Secret named gpuclass-l40s-license",
+    )
+    five = tuple(f"t{i}" for i in range(5))
+    assert conflict(unmanaged=five) == Verdict(
+        "LicenseCopyConflict",
+        "True",
+        "UnmanagedCopy",
+        "5 namespaces hold a copy gpuclass-l40s-license with our labels that no class manages "
+        "(orphaned, or written by another controller); delete it to let the hook manage it: "
+        "t0, t1, t2, t3, t4",
+    )
+    assert conflict(foreign=(*five, "t5")).message == (
+        "6 entitled namespaces hold a Secret gpuclass-l40s-license that is not a managed copy "
+        "and get no copy: t0, t1, t2, t3, t4, ..."
+    )
+
+
+def test_transition_times_are_utc_whatever_the_clock_zone() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from hooks.rules.conditions import rfc3339
+
+    kyiv = timezone(timedelta(hours=2))
+    assert rfc3339(datetime(2026, 12, 1, 9, 30, tzinfo=kyiv)) == "2026-12-01T07:30:00Z"

@@ -4,6 +4,7 @@ from typing import Any
 
 import msgspec
 
+from hooks.rules.capacity import InvalidObject
 from hooks.rules.license import LicensePlan, is_managed_copy, plan_license
 from hooks.wire.gpuclass import License
 from hooks.wire.kube import Namespace, Secret
@@ -258,3 +259,92 @@ def test_invalid_copy_name_is_never_emitted() -> None:
     result = plan(source=source_secret(), namespaces=[namespace("a")], class_name="Bad_Name")
     assert result.copies == ()
     assert [o.reason for o in result.invalid] == ["copy name would be invalid"]
+
+
+# --- what the conditions and logs say: every state, word for word ------------------------------
+
+
+def test_source_states_word_for_word() -> None:
+    from hooks.rules.license import source_state
+
+    def state(source: dict[str, Any] | None, **ref: str) -> tuple[bool, str, str]:
+        license = License.model_validate({"secretRef": {"name": "nvidia-license", **ref}})
+        result = source_state(
+            license, (SOURCE_NS, "cozy-other"), as_wire(source, Secret) if source else None
+        )
+        return result.usable, result.reason, result.message
+
+    assert state(None, namespace="tenant-a") == (
+        False,
+        "NamespaceNotAllowed",
+        "license Secret tenant-a/nvidia-license is outside the allowed namespaces "
+        "(cozy-gpu-operator, cozy-other)",
+    )
+    assert state(None) == (
+        False,
+        "SecretNotFound",
+        "license Secret cozy-gpu-operator/nvidia-license does not exist",
+    )
+    empty = source_secret(token=b" ")
+    assert state(empty) == (
+        False,
+        "TokenMissing",
+        "license Secret cozy-gpu-operator/nvidia-license has no usable token under key "
+        + TOKEN_KEY,
+    )
+    assert state(source_secret()) == (
+        True,
+        "SecretFound",
+        "license Secret cozy-gpu-operator/nvidia-license holds a token",
+    )
+
+
+def test_a_token_that_is_not_strict_base64_is_missing() -> None:
+    # Lenient decoding would drop the "!" and read a token that is not what the hoster wrote.
+    source = source_secret()
+    source["data"][TOKEN_KEY] = "dG9r!ZW4="
+    result = plan(source=source, namespaces=[namespace("tenant-a")])
+    assert (result.source.usable, result.source.reason) == (False, "TokenMissing")
+
+
+def test_a_class_whose_copy_name_would_be_invalid_gets_nothing_and_says_why() -> None:
+    name = "x" * 64  # longer than a label value may be
+    result = plan(source=source_secret(), namespaces=[namespace("tenant-a")], class_name=name)
+    assert result == LicensePlan(
+        result.source,
+        (),
+        0,
+        (),
+        (),
+        (),
+        (InvalidObject("Secret", f"gpuclass-{name}-license", "copy name would be invalid"),),
+    )
+    assert result.source.usable
+
+
+def test_namespaces_not_entitled_are_passed_over_not_the_end_of_the_list() -> None:
+    result = plan(
+        source=source_secret(),
+        namespaces=[
+            namespace("elsewhere", entitled=False),
+            namespace("tenant-a"),
+            namespace("tenant-b"),
+        ],
+    )
+    assert (sorted(copies(result)), result.new_copies) == (["tenant-a", "tenant-b"], 2)
+
+
+def test_a_namespace_with_an_invalid_name_is_named_and_skipped() -> None:
+    result = plan(source=source_secret(), namespaces=[namespace("UPPER"), namespace("tenant-a")])
+    assert sorted(copies(result)) == ["tenant-a"]
+    assert result.invalid == (InvalidObject("Namespace", "UPPER", "invalid name"),)
+
+
+def test_a_kept_copy_without_a_type_is_rebuilt_opaque() -> None:
+    from hooks.rules.license import rebuilt_copy
+
+    kept = managed_copy("l40s", "tenant-a")
+    kept.pop("type", None)
+    assert rebuilt_copy(as_wire(kept, Secret)).type == "Opaque"
+    kept["type"] = "example.com/kept"
+    assert rebuilt_copy(as_wire(kept, Secret)).type == "example.com/kept"

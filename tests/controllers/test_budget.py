@@ -1,0 +1,158 @@
+"""The budget webhook's controller: an AdmissionRequest in, a verdict and what the route logs out.
+
+Inputs are plain values here; the reading of them is tested in test_budget_reader.py and against
+a real API server.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import pytest
+
+from hooks.controllers.budget import review_app, review_tenant
+from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
+from hooks.rules.classes import ClassIdentity
+from hooks.wire.admission import AdmissionRequest, decode_review
+from hooks.wire.problems import BadRequest
+from tests.builders import GPU, OTHER_GPU, admission_review, gpus
+
+CLASSES = [
+    ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU),
+    ClassIdentity("h100", "2026-01-01T00:00:00Z", False, OTHER_GPU),
+]
+
+
+class Inputs:
+    """A fixed cluster; remembers which namespaces each review asked about."""
+
+    def __init__(self, tenants: Sequence[Tenant], apps: Sequence[App] = ()) -> None:
+        self._tenancy = Tenancy(tuple(tenants), tuple(apps))
+        self.asked: list[tuple[str, ...]] = []
+
+    def classes(self) -> list[ClassIdentity]:
+        return CLASSES
+
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        self.asked.append(tuple(namespaces))
+        return self._tenancy
+
+
+def request(review: dict[str, Any]) -> AdmissionRequest:
+    return decode_review(msgspec.json.encode(review))
+
+
+def vm(namespace: str, name: str, *devices: str, old: tuple[str, ...] | None = None) -> Any:
+    operation = "CREATE" if old is None else "UPDATE"
+    old_spec = None if old is None else {"gpus": gpus(*old)}
+    review = admission_review(
+        "VMInstance",
+        namespace,
+        name,
+        {"gpus": gpus(*devices)},
+        operation=operation,
+        old_spec=old_spec,
+    )
+    return request(review)
+
+
+def tenant_review(name: str, quotas: dict[str, Any], old: dict[str, Any] | None = None) -> Any:
+    operation = "CREATE" if old is None else "UPDATE"
+    old_spec = None if old is None else {"resourceQuotas": old}
+    review = admission_review(
+        "Tenant",
+        "tenant-root",
+        name,
+        {"resourceQuotas": quotas},
+        operation=operation,
+        old_spec=old_spec,
+    )
+    return request(review)
+
+
+POOL_A = Tenant("tenant-root", "a", {TOTAL_KEY: 3})
+RENDER = App("tenant-a", "VMInstance", "render", (GPU, GPU))
+
+
+def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
+    inputs = Inputs([POOL_A], [RENDER])
+    outcome = review_app(vm("tenant-a", "new", GPU), inputs)
+    assert outcome.verdict.allowed is True
+    assert (outcome.kind, outcome.namespace, outcome.name, outcome.operation) == (
+        "VMInstance",
+        "tenant-a",
+        "new",
+        "CREATE",
+    )
+    assert outcome.read_inputs is True and inputs.asked == [("tenant-a",)]
+    denied = review_app(vm("tenant-a", "more", GPU, GPU), inputs)
+    assert denied.verdict.allowed is False and denied.read_inputs is True
+
+
+def test_a_review_that_cannot_grow_reads_nothing() -> None:
+    inputs = Inputs([POOL_A], [RENDER])
+    outcome = review_app(vm("tenant-a", "render", GPU, old=(GPU, GPU)), inputs)
+    assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])
+    assert outcome.operation == "UPDATE"
+
+
+def test_the_app_under_review_replaces_its_stored_self_even_when_the_object_has_no_name() -> None:
+    review = vm("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU))
+    nameless = msgspec.json.encode({"spec": {"gpus": gpus(GPU, GPU, GPU)}})
+    review = msgspec.structs.replace(review, object=msgspec.Raw(nameless))
+    # render grows from 2 to 3 of a pool of 3: counted once, under the request's name, it fits
+    outcome = review_app(review, Inputs([POOL_A], [RENDER]))
+    assert outcome.verdict.allowed is True, outcome.verdict.message
+
+
+def test_an_update_that_moves_a_device_to_another_class_is_checked_for_growth_only() -> None:
+    # the pool holds 3 of a total of 2 (written before the webhook); the total does not grow
+    over = Tenant("tenant-root", "a", {TOTAL_KEY: 2})
+    legacy = App("tenant-a", "VMInstance", "legacy", (GPU,))
+    inputs = Inputs([over], [RENDER, legacy])
+    moved = review_app(vm("tenant-a", "legacy", OTHER_GPU, old=(GPU,)), inputs)
+    assert moved.verdict.allowed is True, moved.verdict.message
+    assert moved.read_inputs is True
+
+
+def test_a_review_without_an_object_is_a_bad_request() -> None:
+    review = msgspec.structs.replace(vm("tenant-a", "x", GPU), object=msgspec.Raw(b"null"))
+    with pytest.raises(BadRequest, match=r"^AdmissionReview request has no object$"):
+        review_app(review, Inputs([]))
+
+
+def test_a_tenant_review_asks_about_its_pool_and_its_own_namespace() -> None:
+    inputs = Inputs([POOL_A])
+    outcome = review_tenant(tenant_review("b", {TOTAL_KEY: "1"}), inputs)
+    assert outcome.verdict.allowed is True
+    assert inputs.asked == [("tenant-root", "tenant-b")]
+    assert (outcome.kind, outcome.namespace, outcome.name, outcome.read_inputs) == (
+        "Tenant",
+        "tenant-root",
+        "b",
+        True,
+    )
+
+
+def test_a_tenant_refused_for_its_keys_is_refused_without_reading() -> None:
+    inputs = Inputs([POOL_A])
+    typo = review_tenant(tenant_review("b", {"l40sgpuclass.cozystack.io/devices": "1"}), inputs)
+    assert typo.verdict.allowed is False and "not a GPU budget key" in typo.verdict.message
+    malformed = review_tenant(tenant_review("b", {TOTAL_KEY: "1500m"}), inputs)
+    assert malformed.verdict.allowed is False
+    assert malformed.verdict.message == (
+        f"Tenant tenant-root/b: spec.resourceQuotas.{TOTAL_KEY}: extended resources are whole units"
+    )
+    assert inputs.asked == []
+
+
+def test_an_unchanged_declaration_in_an_overcommitted_pool_passes() -> None:
+    # a holds more than it declares today (written before the webhook): an update that lowers
+    # a key is refused by the floor, one that changes nothing passes
+    declared = {TOTAL_KEY: "1", class_key("l40s"): "1"}
+    inputs = Inputs([Tenant("tenant-root", "a", {TOTAL_KEY: 1, class_key("l40s"): 1})], [RENDER])
+    lowered = {TOTAL_KEY: "1", class_key("l40s"): "0"}
+    outcome = review_tenant(tenant_review("a", lowered, old=declared), inputs)
+    assert outcome.verdict.allowed is False  # lowering below what is held is refused
+    kept = review_tenant(tenant_review("a", declared, old=declared), inputs)
+    assert kept.verdict.allowed is True, kept.verdict.message
