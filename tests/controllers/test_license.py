@@ -247,16 +247,24 @@ def test_outcome_of_each_early_answer_names_the_class() -> None:
 def test_outcome_of_a_plan_counts_copies_new_copies_and_conflicts() -> None:
     copies = [managed_copy("l40s", "tenant-a")]
     foreign = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
+    orphan = secret(
+        "gpuclass-l40s-license",
+        "elsewhere",
+        labels={
+            "gpuclass.cozystack.io/class": "l40s",
+            "gpuclass.cozystack.io/license-copy": "true",
+        },
+    )
     request = license_sync_request(
         licensed_class(),
-        secrets=[source_secret(), foreign, *copies],
+        secrets=[source_secret(), foreign, orphan, *copies],
         namespaces=[*ENTITLED, namespace("tenant-c")],
         attachments=copies,
     )
     outcome = outcome_of(request)
     assert (outcome.class_name, outcome.outcome) == ("l40s", "ok")
     # a usable source writes every copy afresh, the kept one in tenant-a included
-    assert outcome.counts == {"copies": 2, "new_copies": 2, "conflicts": 1}
+    assert outcome.counts == {"copies": 2, "new_copies": 2, "conflicts": 2}
     missing = outcome_of(license_sync_request(licensed_class(), secrets=[], namespaces=ENTITLED))
     assert missing.outcome == "source_unusable"
 

@@ -378,10 +378,10 @@ def test_outcome_of_a_sync_counts_what_it_read_and_names_what_it_skipped() -> No
     outcome = outcome_of(request)
     assert (outcome.class_name, outcome.outcome, outcome.resource) == ("l40s", "ok", GPU)
     assert outcome.counts == {"nodes": 4, "eligible_nodes": 2, "counted_pods": 2}
-    assert [(o.kind, o.name) for o in outcome.invalid] == [
-        ("Node", "broken"),
-        ("Pod", "tenant-a/broken"),
-        ("GPUClass", "broken"),
+    assert [(o.kind, o.name, o.reason) for o in outcome.invalid] == [
+        ("Node", "broken", "does not decode"),
+        ("Pod", "tenant-a/broken", "does not decode"),
+        ("GPUClass", "broken", "does not decode"),
     ]
     assert (outcome.free, outcome.max_free_per_node, outcome.exports_inventory) == (3, 3, True)
     assert sorted(outcome.known_classes or ()) == ["l40s"]
@@ -393,8 +393,16 @@ def test_outcome_of_a_licensed_class_counts_copies_and_conflicts() -> None:
     from tests.builders import namespace, secret, source_secret
 
     tenant_secret = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
+    orphan = secret(
+        "gpuclass-l40s-license",
+        "elsewhere",
+        labels={
+            "gpuclass.cozystack.io/class": "l40s",
+            "gpuclass.cozystack.io/license-copy": "true",
+        },
+    )
     request = licensed_cluster(
-        secrets=[source_secret(), tenant_secret],
+        secrets=[source_secret(), tenant_secret, orphan],
         namespaces=[namespace("tenant-a"), namespace("tenant-b"), namespace("tenant-c")],
     )
     outcome = outcome_of(request)
@@ -403,7 +411,7 @@ def test_outcome_of_a_licensed_class_counts_copies_and_conflicts() -> None:
         "eligible_nodes": 1,
         "counted_pods": 0,
         "copies": 2,
-        "conflicts": 1,
+        "conflicts": 2,  # the tenant's own Secret, and the orphaned copy elsewhere
     }
     assert conditions(msgspec.json.decode(encode(outcome.response)))["LicenseCopyConflict"] == (
         "True",

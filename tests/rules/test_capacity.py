@@ -195,3 +195,28 @@ def test_a_sidecar_request_counts_in_both_app_and_init_phases(
         ),
     )
     assert request_of(with_sidecar) == max(sum(apps) + sidecar, sidecar + 1)
+
+
+def test_sidecars_started_before_an_init_container_all_hold_their_units() -> None:
+    sidecar = {"name": "s", "restartPolicy": "Always", "resources": {"requests": {GPU: "1"}}}
+    spec_pod = pod("p", gpus=1)
+    spec_pod["spec"]["initContainers"] = [
+        dict(sidecar, name="s1"),
+        dict(sidecar, name="s2"),
+        {"name": "i", "resources": {"requests": {GPU: "2"}}},
+    ]
+    # containers 1 + sidecars 2 = 3; while i runs: 2 + both sidecars = 4
+    assert request_of(spec_pod) == 4
+
+
+def test_a_node_without_the_resource_in_allocatable_offers_nothing() -> None:
+    only_capacity = node("a", gpus=2)
+    del only_capacity["status"]["allocatable"][GPU]
+    [listed] = capacity([only_capacity], []).nodes
+    assert (listed.allocatable, listed.free) == (0, 0)
+
+
+def test_pods_on_a_node_are_named_with_their_namespace() -> None:
+    [listed] = capacity([node("gpu-1", gpus=4)], [pod("vm", node_name="gpu-1", gpus=1)]).nodes
+    assert [(use.pod, use.units) for use in listed.pods] == [("tenant-a/vm", 1)]
+    assert capacity([node("cpu", gpus=None)], []).advertised is False

@@ -51,3 +51,15 @@ def test_class_without_creation_timestamp_is_the_youngest() -> None:
 def test_invalid_spec_competes_for_nothing() -> None:
     assert older_class_with_resource(cls("b"), [cls("a", resource=None)]) is None
     assert older_class_with_resource(cls("b", resource=None), [cls("a", resource=None)]) is None
+
+
+def test_class_identity_carries_age_and_deletion() -> None:
+    from hooks.rules.classes import class_identity
+    from hooks.wire.kube import GPUClass
+    from tests.builders import as_wire, gpuclass
+
+    going = gpuclass("a", created="2026-01-01T00:00:00Z")
+    going["metadata"]["deletionTimestamp"] = "2026-02-01T00:00:00Z"
+    identity = class_identity(as_wire(going, GPUClass))
+    assert (identity.created, identity.deleting) == ("2026-01-01T00:00:00Z", True)
+    assert class_identity(as_wire(gpuclass("b"), GPUClass)).deleting is False

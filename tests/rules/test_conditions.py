@@ -211,3 +211,54 @@ def test_transition_times_are_utc_whatever_the_clock_zone() -> None:
 
     kyiv = timezone(timedelta(hours=2))
     assert rfc3339(datetime(2026, 12, 1, 9, 30, tzinfo=kyiv)) == "2026-12-01T07:30:00Z"
+
+
+def test_permission_and_ready_word_for_word() -> None:
+    from hooks.rules.conditions import Verdict, ready_condition
+    from hooks.rules.permission import KubeVirtAbsent, permission_condition
+
+    permitted = permission_condition(GPU, kubevirt(pci=[GPU]), None, 1)
+    assert permitted == Verdict(
+        "ResourceNameNotPermitted",
+        "False",
+        "Permitted",
+        f"{GPU} is in the permittedHostDevices of KubeVirt cozy-kubevirt/kubevirt",
+    )
+    assert permission_condition(GPU, kubevirt(), None, 1) == Verdict(
+        "ResourceNameNotPermitted",
+        "True",
+        "NotInPermittedHostDevices",
+        f"{GPU} is in neither pciHostDevices nor mediatedDevices of the permittedHostDevices of "
+        "KubeVirt cozy-kubevirt/kubevirt",
+    )
+    assert permission_condition(GPU, KubeVirtAbsent("kv/kubevirt"), None, 1) == Verdict(
+        "ResourceNameNotPermitted",
+        "True",
+        "KubeVirtNotFound",
+        "KubeVirt kv/kubevirt does not exist",
+    )
+    assert ready_condition([permitted]) == Verdict(
+        "Ready", "True", "Ready", "the class can serve VMs"
+    )
+    unknown = permission_condition(GPU, KubeVirtUnreadable("timed out"), None, 1)
+    assert ready_condition([unknown]) == Verdict(
+        "Ready", "Unknown", "KubeVirtUnreadable", "KubeVirt could not be read: timed out"
+    )
+
+
+def test_transition_times_are_utc_on_a_host_in_another_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from hooks.rules.conditions import rfc3339
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        moment = datetime(2026, 12, 1, 9, 30, tzinfo=timezone(timedelta(hours=2)))
+        assert rfc3339(moment) == "2026-12-01T07:30:00Z"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()

@@ -57,3 +57,20 @@ def test_exa_suffix_differs_from_exponent() -> None:
 def test_plain_integers_round_trip(value: int) -> None:
     assert parse_units(str(value)) == value
     assert parse_units(f"{value}000m") == value
+
+
+def test_limits_and_messages_word_for_word() -> None:
+    from hooks.rules.quantity import QuantityError, parse_quantity, parse_units
+
+    assert parse_quantity("0" * 63 + "1") == 1  # 64 characters is the longest accepted
+    with pytest.raises(QuantityError, match=r"^quantity too long$"):
+        parse_quantity("0" * 64 + "1")
+    assert parse_quantity("2Ki") == 2048
+    assert parse_quantity("1e30") == 10**30  # the largest exponent accepted
+    with pytest.raises(QuantityError, match=r"^exponent out of range$"):
+        parse_quantity("1e31")
+    with pytest.raises(QuantityError, match=r"^negative quantity$"):
+        parse_units("-1")
+    assert parse_units(str(2**63 - 1)) == 2**63 - 1
+    with pytest.raises(QuantityError, match=r"^quantity out of range$"):
+        parse_units(str(2**63))

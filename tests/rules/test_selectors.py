@@ -57,3 +57,36 @@ def test_selector_matching_follows_kubernetes(
     text: str, labels: dict[str, str], expected: bool
 ) -> None:
     assert selector_matches(parse_selector(text), labels) is expected
+
+
+def test_selector_errors_word_for_word() -> None:
+    from hooks.rules.selectors import SelectorError, parse_selector, requirement_matches
+    from hooks.wire.metacontroller import Requirement
+
+    cases = {
+        "a=b,(": "cannot parse selector at '('",
+        "a in ()": "invalid values for a",
+        "a=b,a=c": "a is required to equal two values",
+        "a=b,": "selector ends with a comma",
+    }
+    for text, message in cases.items():
+        with pytest.raises(SelectorError) as raised:
+            parse_selector(text)
+        assert str(raised.value) == message, text
+    with pytest.raises(SelectorError, match=r"^unknown operator Near$"):
+        requirement_matches(Requirement(key="a", operator="Near"), {"a": "b"})
+
+
+def test_a_namespace_selector_selects_by_the_labels_of_the_namespace_only() -> None:
+    from hooks.rules.selectors import rule_selects
+    from hooks.wire.metacontroller import LabelSelector, RelatedRule
+
+    rule = RelatedRule(
+        api_version="v1",
+        resource="secrets",
+        namespace_selector=LabelSelector(match_labels={"vgpu": "true"}),
+    )
+    assert rule_selects(rule, "s", "tenant-a", {}, {"vgpu": "true"})
+    assert not rule_selects(rule, "s", "tenant-b", {"vgpu": "true"}, {"vgpu": "false"})
+    plain = RelatedRule(api_version="v1", resource="secrets")
+    assert rule_selects(plain, "s", "tenant-b", {}, {})
