@@ -156,3 +156,49 @@ def test_an_unchanged_declaration_in_an_overcommitted_pool_passes() -> None:
     assert outcome.verdict.allowed is False  # lowering below what is held is refused
     kept = review_tenant(tenant_review("a", declared, old=declared), inputs)
     assert kept.verdict.allowed is True, kept.verdict.message
+
+
+def test_a_worker_pool_update_grows_by_its_replicas_not_by_its_entries() -> None:
+    # workers reserves 1 device x 3 replicas of a's 6; a second device makes 6: it fits exactly
+    pool_a = Tenant("tenant-root", "a", {TOTAL_KEY: 6})
+    workers = App("tenant-a", "KubernetesNodes", "workers", (GPU,), 3)
+    review = admission_review(
+        "KubernetesNodes",
+        "tenant-a",
+        "workers",
+        {"gpus": gpus(GPU, GPU), "maxReplicas": 3},
+        operation="UPDATE",
+        old_spec={"gpus": gpus(GPU), "maxReplicas": 3},
+    )
+    outcome = review_app(request(review), Inputs([pool_a], [workers]))
+    assert outcome.verdict.allowed is True, outcome.verdict.message
+
+
+def test_a_tenant_object_without_a_name_is_named_by_the_request() -> None:
+    review = tenant_review("b", {TOTAL_KEY: "1"})
+    nameless = msgspec.json.encode({"spec": {"resourceQuotas": {TOTAL_KEY: "1"}}})
+    review = msgspec.structs.replace(review, object=msgspec.Raw(nameless))
+    inputs = Inputs([POOL_A])
+    outcome = review_tenant(review, inputs)
+    assert outcome.verdict.allowed is True and inputs.asked == [("tenant-root", "tenant-b")]
+
+
+def test_a_bounded_tenant_changing_only_other_quotas_reads_nothing() -> None:
+    inputs = Inputs([POOL_A])
+    outcome = review_tenant(
+        tenant_review("b", {"requests.cpu": "8"}, old={"requests.cpu": "4"}), inputs
+    )
+    assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])
+
+
+def test_an_unchanged_worker_pool_cannot_grow_even_in_a_pool_over_budget() -> None:
+    # workers holds 1 device x 3 replicas against a's 2 (written before the webhook)
+    pool_a = Tenant("tenant-root", "a", {TOTAL_KEY: 2})
+    workers = App("tenant-a", "KubernetesNodes", "workers", (GPU,), 3)
+    spec = {"gpus": gpus(GPU), "maxReplicas": 3}
+    review = admission_review(
+        "KubernetesNodes", "tenant-a", "workers", spec, operation="UPDATE", old_spec=spec
+    )
+    inputs = Inputs([pool_a], [workers])
+    outcome = review_app(request(review), inputs)
+    assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])

@@ -270,8 +270,10 @@ def test_license_copy_conflict_counts_foreign_secrets_with_first_five_sorted() -
     message = next(
         c["message"] for c in response["status"]["conditions"] if c["type"] == "LicenseCopyConflict"
     )
-    assert message.startswith("7 entitled namespaces")
-    assert message.endswith("tenant-a, tenant-b, tenant-c, tenant-d, tenant-e, ...")
+    assert message == (
+        "7 entitled namespaces hold a Secret gpuclass-l40s-license that is not a managed copy "
+        "and get no copy: tenant-a, tenant-b, tenant-c, tenant-d, tenant-e, ..."
+    )
     assert conditions(response)["Ready"] == ("True", "Ready")
 
 

@@ -698,3 +698,49 @@ def test_declaration_gate_checks_only_keys_that_grow() -> None:
         classes=CLASSES,
     )
     assert verdict.allowed is True, verdict.message
+
+
+def test_declaration_refused_names_the_first_value_that_does_not_parse() -> None:
+    verdict = check_declaration(
+        new=Tenant("tenant-root", "a", {TOTAL_KEY: None, L40S_KEY: None}),
+        old=None,
+        apps=[],
+        tenants=[],
+        classes=CLASSES,
+    )
+    assert verdict.allowed is False
+    assert verdict.message == (
+        f"resourceQuotas.{TOTAL_KEY}: not a whole, non-negative number of devices"
+    )
+
+
+def test_the_floor_fails_closed_only_when_a_declaration_is_new_or_lowered() -> None:
+    unreadable = App("tenant-a", VM_INSTANCE, "legacy", unreadable="HelmRelease x: broken")
+    a = tenant("tenant-root", "a", {TOTAL_KEY: 4, "requests.cpu": 1})
+    tenants = [a]
+
+    def declare(declaration: dict[str, int]) -> Verdict:
+        new = tenant("tenant-root", "a", declaration)
+        return check_declaration(
+            new=new, old=a, apps=[unreadable], tenants=tenants, classes=CLASSES
+        )
+
+    lowered = declare({TOTAL_KEY: 3, "requests.cpu": 1})
+    assert lowered.allowed is False and lowered.message.startswith("GPU budget check failed closed")
+    assert declare({TOTAL_KEY: 5, "requests.cpu": 1}).allowed is True  # growth reads no floor
+    assert declare({TOTAL_KEY: 4, "requests.cpu": 2}).allowed is True  # unchanged: no floor
+
+
+def test_a_sub_tenant_that_declares_the_key_does_not_hold_its_parent_back() -> None:
+    tenants = [
+        tenant("tenant-root", "a", {"requests.cpu": 1}),
+        tenant("tenant-a", "b", {L40S_KEY: 1}),
+    ]
+    verdict = check_declaration(
+        new=tenant("tenant-root", "a", {"requests.cpu": 1, L40S_KEY: 2}),
+        old=tenants[0],
+        apps=[],
+        tenants=tenants,
+        classes=CLASSES,
+    )
+    assert verdict.allowed is True, verdict.message

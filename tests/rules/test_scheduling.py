@@ -121,3 +121,13 @@ def test_more_tolerations_never_make_a_node_ineligible(
 @given(taints)
 def test_empty_key_exists_toleration_tolerates_any_taint(any_taint: dict[str, str]) -> None:
     assert tolerates(toleration(operator="Exists"), Taint(**any_taint))
+
+
+def test_a_taint_without_a_value_is_shown_by_its_key() -> None:
+
+    bare = as_wire(node("n", taints=[{"key": "maintenance", "effect": "NoSchedule"}]), Node)
+    assert ineligibility(bare, []) == "taint maintenance:NoSchedule not tolerated"
+    valued = [{"key": "maintenance", "value": "firmware", "effect": "NoExecute"}]
+    assert ineligibility(as_wire(node("n", taints=valued), Node), []) == (
+        "taint maintenance=firmware:NoExecute not tolerated"
+    )
