@@ -65,7 +65,7 @@ bench-admission: $(BIN)/gpuclass-hooks tools
 	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.admission
 
 # Mutation testing of hooks/rules and hooks/controllers (mutmut; not in CI): a full run takes about
-# 25 minutes on 2 cores; MUTANTS='hooks.rules.budget*' runs one module. The report counts the
+# 17 minutes on 2 cores; MUTANTS='hooks.rules.budget*' runs one module. The report counts the
 # survivors listed in mutation/equivalent.txt as equivalent and prints only the news.
 MUTANTS ?=
 mutate: $(BIN)/gpuclass-hooks tools

@@ -544,7 +544,7 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
         kube.namespace(namespace)
     store(kube, "Tenant", "tenant-root", "s", {"resourceQuotas": {TOTAL_KEY: "4"}})
     store(kube, "Tenant", "tenant-s", "dev", {})
-    store(kube, "Tenant", "tenant-s", "lab", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    store(kube, "Tenant", "tenant-s", "lab", {"resourceQuotas": {TOTAL_KEY: "3"}})
     store(kube, "Tenant", "tenant-s-dev", "deep", {"resourceQuotas": {TOTAL_KEY: "1"}})
     for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab"):
         store(kube, "VMInstance", namespace, "vm", {"gpus": gpus(GPU)})
@@ -563,6 +563,7 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
         tuple(o for o in everything if isinstance(o, App)),
     )
     verdicts = []
+    messages: list[str] = []
     for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab", "tenant-s-dev-deep", "tenant-a"):
         for count in (1, 3):
             new = App(namespace, "VMInstance", "new", (GPU,) * count)
@@ -580,4 +581,5 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
             # the same verdict; what it skipped differs (a full list reads what it does not need)
             assert (verdict.allowed, verdict.message) == (expected.allowed, expected.message)
             verdicts.append(verdict.allowed)
-    assert True in verdicts and False in verdicts  # the tree admits and denies
+            messages.append(verdict.message)
+    assert True in verdicts and False in verdicts, messages  # the tree admits and denies
