@@ -43,13 +43,11 @@ from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
+from tests.builders import helmrelease
 from tests.controlplane import ADMIN_TOKEN, ControlPlane, control_plane
 
 ROOT = Path(__file__).parent.parent
 L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
-KIND_LABEL = "apps.cozystack.io/application.kind"
-NAME_LABEL = "apps.cozystack.io/application.name"
-PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "kubernetes-nodes"}
 # Each tenant's budget is a little above what its apps reserve, so that reviews are both admitted
 # and denied: 45 VMs of one device and 5 pools of 1 x 2 replicas hold 55 of 60.
 TENANT_BUDGET = {TOTAL_KEY: "60", class_key("l40s"): "40"}
@@ -58,55 +56,42 @@ LAB_BUDGET = {TOTAL_KEY: "3"}
 
 def release(kind: str, namespace: str, name: str, values: dict[str, Any]) -> dict[str, Any]:
     """A HelmRelease as Cozystack stores an app: about 1.5 KB, most of it what the webhook skips."""
-    prefix = PREFIX[kind]
-    return {
-        "apiVersion": "helm.toolkit.fluxcd.io/v2",
-        "kind": "HelmRelease",
-        "metadata": {
-            "name": f"{prefix}-{name}",
-            "namespace": namespace,
-            "labels": {
-                KIND_LABEL: kind,
-                NAME_LABEL: name,
-                "apps.cozystack.io/application.group": "apps.cozystack.io",
-                "cozystack.io/ui": "true",
-                "helm.toolkit.fluxcd.io/name": f"{prefix}-{name}",
-                "helm.toolkit.fluxcd.io/namespace": namespace,
-            },
-            "annotations": {"meta.helm.sh/release-name": f"{prefix}-{name}"},
-        },
-        "spec": {
-            "chart": {
-                "spec": {
-                    "chart": prefix,
-                    "reconcileStrategy": "Revision",
-                    "sourceRef": {
-                        "kind": "HelmRepository",
-                        "name": "cozystack-apps",
-                        "namespace": "cozy-public",
-                    },
-                    "version": ">= 0.0.0-0",
-                }
-            },
-            "interval": "5m",
-            "install": {"remediation": {"retries": -1}},
-            "upgrade": {"remediation": {"retries": -1}},
-            "values": {
-                **values,
-                "external": False,
-                "externalMethod": "PortList",
-                "externalPorts": [22],
-                "instanceType": "u1.xlarge",
-                "instanceProfile": "ubuntu",
-                "systemDisk": {"image": "ubuntu", "storage": "20Gi", "storageClass": "replicated"},
-                "resources": {"cpu": "4", "memory": "16Gi"},
-                "sshKeys": [
-                    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheBenchmark user@host"
-                ],
-                "cloudInit": "#cloud-config\npackages: [nvidia-driver-550]\n",
-            },
-        },
-    }
+    obj = helmrelease(kind, namespace, name, {**values, **APP_VALUES})
+    metadata = obj["metadata"]
+    metadata["labels"].update(
+        {
+            "apps.cozystack.io/application.group": "apps.cozystack.io",
+            "cozystack.io/ui": "true",
+            "helm.toolkit.fluxcd.io/name": metadata["name"],
+            "helm.toolkit.fluxcd.io/namespace": namespace,
+        }
+    )
+    metadata["annotations"] = {"meta.helm.sh/release-name": metadata["name"]}
+    obj["spec"]["chart"]["spec"].update(
+        reconcileStrategy="Revision",
+        sourceRef={"kind": "HelmRepository", "name": "cozystack-apps", "namespace": "cozy-public"},
+        version=">= 0.0.0-0",
+    )
+    obj["spec"].update(
+        interval="5m",
+        install={"remediation": {"retries": -1}},
+        upgrade={"remediation": {"retries": -1}},
+    )
+    return obj
+
+
+# What a VM's values hold besides the fields the webhook reads.
+APP_VALUES = {
+    "external": False,
+    "externalMethod": "PortList",
+    "externalPorts": [22],
+    "instanceType": "u1.xlarge",
+    "instanceProfile": "ubuntu",
+    "systemDisk": {"image": "ubuntu", "storage": "20Gi", "storageClass": "replicated"},
+    "resources": {"cpu": "4", "memory": "16Gi"},
+    "sshKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTheBenchmark user@host"],
+    "cloudInit": "#cloud-config\npackages: [nvidia-driver-550]\n",
+}
 
 
 def gpus(*resources: str) -> list[dict[str, str]]:

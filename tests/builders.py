@@ -288,6 +288,18 @@ def managed_copy(
     return copy
 
 
+def orphaned_copy(class_name: str, namespace: str) -> dict[str, Any]:
+    """A Secret of the copy's name with our labels that no class manages (no owner)."""
+    return secret(
+        f"gpuclass-{class_name}-license",
+        namespace,
+        labels={
+            "gpuclass.cozystack.io/class": class_name,
+            "gpuclass.cozystack.io/license-copy": "true",
+        },
+    )
+
+
 def license_sync_request(
     target: dict[str, Any],
     *,

@@ -21,6 +21,7 @@ from tests.builders import (
     licensed_class,
     managed_copy,
     namespace,
+    orphaned_copy,
     secret,
     source_secret,
 )
@@ -247,14 +248,7 @@ def test_outcome_of_each_early_answer_names_the_class() -> None:
 def test_outcome_of_a_plan_counts_copies_new_copies_and_conflicts() -> None:
     copies = [managed_copy("l40s", "tenant-a")]
     foreign = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
-    orphan = secret(
-        "gpuclass-l40s-license",
-        "elsewhere",
-        labels={
-            "gpuclass.cozystack.io/class": "l40s",
-            "gpuclass.cozystack.io/license-copy": "true",
-        },
-    )
+    orphan = orphaned_copy("l40s", "elsewhere")
     request = license_sync_request(
         licensed_class(),
         secrets=[source_secret(), foreign, orphan, *copies],

@@ -392,17 +392,10 @@ def test_outcome_of_a_sync_counts_what_it_read_and_names_what_it_skipped() -> No
 
 
 def test_outcome_of_a_licensed_class_counts_copies_and_conflicts() -> None:
-    from tests.builders import namespace, secret, source_secret
+    from tests.builders import namespace, orphaned_copy, secret, source_secret
 
     tenant_secret = secret("gpuclass-l40s-license", "tenant-b", data={"x": b"y"})
-    orphan = secret(
-        "gpuclass-l40s-license",
-        "elsewhere",
-        labels={
-            "gpuclass.cozystack.io/class": "l40s",
-            "gpuclass.cozystack.io/license-copy": "true",
-        },
-    )
+    orphan = orphaned_copy("l40s", "elsewhere")
     request = licensed_cluster(
         secrets=[source_secret(), tenant_secret, orphan],
         namespaces=[namespace("tenant-a"), namespace("tenant-b"), namespace("tenant-c")],
