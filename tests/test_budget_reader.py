@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from hooks.kubeapi.budget import GPUCLASSES, HELM_API, HELMRELEASES, BudgetReader, releases_in
+from hooks.kubeapi.budget import (
+    GPUCLASSES,
+    HELM_API,
+    HELMRELEASES,
+    BudgetReader,
+    releases_in,
+    scoped_tenancy,
+)
 from hooks.kubeapi.client import Unreadable
-from hooks.rules.budget import TOTAL_KEY, class_key
+from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
 from tests.builders import GPU, gpuclass, gpus, helmrelease
@@ -200,3 +208,21 @@ def test_no_api_configured_fails_closed(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(Unreadable, match="no Kubernetes API configured"):
         BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy(["tenant-a"])
+
+
+def test_a_namespace_whose_parent_cannot_exist_reads_no_list_there() -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.read: list[str] = []
+
+        def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+            self.read.append(f"{release_namespace}: {','.join(names)}")
+            return []
+
+        def namespace(self, namespace: str) -> list[Tenant | App]:
+            self.read.append(namespace)
+            return []
+
+    source = Recorder()
+    assert scoped_tenancy(source, ["tenant--x"]) == Tenancy()
+    assert source.read == ["tenant-root: root", "tenant--x"]

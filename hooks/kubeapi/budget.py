@@ -41,6 +41,7 @@ from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
 from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
+from hooks.wire.names import is_dns_label
 from hooks.wire.problems import Undecodable, decoded
 
 HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
@@ -135,8 +136,11 @@ def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
     for namespace in scope:
         current: str | None = namespace
         while current is not None and (owner := owner_of(current)) is not None:
-            owners.setdefault(owner[0], set()).add(owner[1])
-            current = None if current == owner[0] else owner[0]
+            release_namespace, name = owner
+            # `tenant--x` names a parent `tenant-`, which cannot exist: nothing to read there
+            if name and is_dns_label(release_namespace):
+                owners.setdefault(release_namespace, set()).add(name)
+            current = None if current == release_namespace else release_namespace
     for release_namespace, names in sorted(owners.items()):
         add(source.tenants(release_namespace, sorted(names)))
 
