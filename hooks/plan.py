@@ -7,6 +7,7 @@ would send them, and the status and license controllers answer them.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -132,13 +133,17 @@ class _Placed(msgspec.Struct):
     metadata: ObjectMeta
 
 
+# One decoder per type for the whole dump, not one per object.
+_decoder = functools.cache(msgspec.json.Decoder)
+
+
 def _check(path: Path, obj: dict[str, Any], kind: type) -> None:
     """An object of a kind plan reads must be of that kind's shape: where the hooks would skip
     it with a warning, plan refuses the input, so that what it shows is the whole cluster."""
     encoded = msgspec.json.encode(obj)
     try:
-        decoded(msgspec.json.Decoder(_Placed), encoded)
-        decoded(msgspec.json.Decoder(kind), encoded)
+        decoded(_decoder(_Placed), encoded)
+        decoded(_decoder(kind), encoded)
     except Undecodable as error:
         metadata = obj["metadata"]
         where = namespaced_key(str(metadata.get("namespace") or ""), metadata["name"])
