@@ -7,7 +7,6 @@ would send them, and the status and license controllers answer them.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from hooks.wire.metacontroller import (
     decode_decorator_sync,
 )
 from hooks.wire.names import namespaced_key
-from hooks.wire.problems import Undecodable, decoded
+from hooks.wire.problems import Undecodable, decoded, decoder_for
 
 # The kinds plan reads are the ones the hooks read, by (apiVersion, kind) as a dump names them.
 KINDS = {(related.api_version, related.kind): related for related in RELATED_KINDS}
@@ -133,17 +132,13 @@ class _Placed(msgspec.Struct):
     metadata: ObjectMeta
 
 
-# One decoder per type for the whole dump, not one per object.
-_decoder = functools.cache(msgspec.json.Decoder)
-
-
 def _check(path: Path, obj: dict[str, Any], kind: type) -> None:
     """An object of a kind plan reads must be of that kind's shape: where the hooks would skip
     it with a warning, plan refuses the input, so that what it shows is the whole cluster."""
     encoded = msgspec.json.encode(obj)
     try:
-        decoded(_decoder(_Placed), encoded)
-        decoded(_decoder(kind), encoded)
+        decoded(decoder_for(_Placed), encoded)
+        decoded(decoder_for(kind), encoded)
     except Undecodable as error:
         metadata = obj["metadata"]
         where = namespaced_key(str(metadata.get("namespace") or ""), metadata["name"])

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from hooks.wire.kube import Condition, GPUClass, Namespace, Node, Pod, Secret, is_absent
-from hooks.wire.problems import BadRequest, Undecodable, decode_request, decoded
+from hooks.wire.problems import BadRequest, Undecodable, decode_request, decoded, decoder_for
 
 GPUCLASS_API_VERSION = "cozystack.io/v1alpha1"
 GPUCLASS_KIND = "GPUClass"
@@ -105,7 +105,7 @@ def encode(response: msgspec.Struct) -> bytes:
 
 def decode_envelope(body: bytes, envelope: type[T]) -> T:
     """Decode the envelope only; related objects stay raw until each is decoded on its own."""
-    return decode_request(msgspec.json.Decoder(envelope), body, "request envelope")
+    return decode_request(decoder_for(envelope), body, "request envelope")
 
 
 _GPUCLASS = msgspec.json.Decoder(GPUClass)
@@ -255,7 +255,7 @@ def decode_group(
     group = groups.get(key)
     if group is None:
         return None
-    decoder = msgspec.json.Decoder(kind)
+    decoder = decoder_for(kind)
     objects: list[Any] = []
     invalid: list[str] = []
     for name, raw in group.items():

@@ -7,8 +7,10 @@ values, so they are safe to log and to return.
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import TypeVar
+from collections.abc import Hashable
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -25,6 +27,18 @@ class BadRequest(ValueError):
 
 class Undecodable(ValueError):
     """Bytes that do not decode into the type asked for; `str()` is the problem, safe to show."""
+
+
+@functools.cache
+def _decoder(type_: Hashable) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def decoder_for(type_: type[T]) -> msgspec.json.Decoder[T]:
+    """One decoder per type for the life of the process (building one costs more than a small
+    decode)."""
+    decoder: msgspec.json.Decoder[T] = _decoder(cast(Hashable, type_))
+    return decoder
 
 
 def decoded(decoder: msgspec.json.Decoder[T], data: bytes | msgspec.Raw) -> T:
