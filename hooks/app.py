@@ -41,7 +41,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     exported = metrics or Metrics()
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
-    service = Service(settings, exported, reader.view, budgets or BudgetReader(settings), clock)
+    service = Service(settings, reader.view, budgets or BudgetReader(settings), clock)
     readiness = state or http.ServiceState()
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     if memory is None:
@@ -86,7 +86,10 @@ def create_app(
             if hook.https_only and not request.is_secure:
                 return http.error_response("admission webhooks are served over HTTPS only", 403)
             return http.answer(
-                hook.path, settings.max_body_bytes, lambda body: hook.handle(service, body)
+                hook.path,
+                settings.max_body_bytes,
+                lambda body: hook.handle(service, body),
+                exported,
             )
 
         return view

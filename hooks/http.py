@@ -21,7 +21,7 @@ from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntity
 
 from hooks.logs import log
 from hooks.memory import Admitted, MemoryBudget, NeverFits
-from hooks.metrics import Metrics
+from hooks.metrics import Metrics, SyncOutcome
 from hooks.wire.problems import BadRequest
 
 JSON = "application/json"
@@ -34,13 +34,15 @@ SKIPPED_NAMED = 20
 
 @dataclass(frozen=True)
 class Answer:
-    """What a hook answers: the payload, the fields of its log line, and the objects it skipped
-    because they did not decode (named in one warning, with `about` saying where)."""
+    """What a hook answers: the payload, the fields of its log line, the objects it skipped
+    because they did not decode (named in one warning, with `about` saying where), and for a sync
+    the outcome its metrics record."""
 
     payload: bytes
     facts: dict[str, Any]
     skipped: Sequence[str] = ()
     about: dict[str, str] = field(default_factory=dict)
+    outcome: SyncOutcome | None = None
 
 
 class ServiceState:
@@ -96,8 +98,11 @@ def read_body(max_bytes: int) -> bytes:
     return bytes(body)
 
 
-def answer(route: str, max_bytes: int, handle: Callable[[bytes], Answer]) -> Response:
-    """Read the body, run the hook, map its errors to codes, and log the call once."""
+def answer(
+    route: str, max_bytes: int, handle: Callable[[bytes], Answer], metrics: Metrics
+) -> Response:
+    """Read the body, run the hook, map its errors to codes, record a sync's outcome, and log the
+    call once."""
     fields: dict[str, Any] = {"route": route}
     try:
         body = read_body(max_bytes)
@@ -121,6 +126,8 @@ def answer(route: str, max_bytes: int, handle: Callable[[bytes], Answer]) -> Res
                 objects=list(result.skipped[:SKIPPED_NAMED]),
                 count=len(result.skipped),
             )
+        if result.outcome is not None:
+            metrics.record_sync(result.outcome)
         fields.update(result.facts)
         response = json_response(result.payload)
     duration = time.perf_counter() - g.get("started", time.perf_counter())

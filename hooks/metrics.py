@@ -29,6 +29,9 @@ STALE_AFTER_SECONDS = 3 * STATUS_RESYNC_SECONDS
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
+# What a sync hook's answer carries for the metrics (recorded where the answer is sent, so that
+# a sync computed in another process is recorded all the same).
+SyncOutcome = StatusOutcome | LicenseOutcome
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,13 @@ class Metrics:
             self.memory_reserved.set_function(lambda: budget.reserved_bytes)
             self.memory_waiting.set_function(lambda: budget.waiting)
 
-    def record_status(self, outcome: StatusOutcome) -> None:
+    def record_sync(self, outcome: SyncOutcome) -> None:
+        if isinstance(outcome, StatusOutcome):
+            self._record_status(outcome)
+        else:
+            self._record_license(outcome)
+
+    def _record_status(self, outcome: StatusOutcome) -> None:
         """A status sync: forget deleted classes, and keep this class's computation."""
         if outcome.known_classes is not None:
             self.classes.retain_only(outcome.known_classes)
@@ -233,7 +242,7 @@ class Metrics:
                 ),
             )
 
-    def record_license(self, outcome: LicenseOutcome) -> None:
+    def _record_license(self, outcome: LicenseOutcome) -> None:
         """A license sync: its copies, or no series for a class that holds no license."""
         if outcome.plan is not None:
             self.classes.record_license(outcome.class_name, len(outcome.plan.copies))

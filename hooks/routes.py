@@ -1,9 +1,10 @@
 """The table of hooks: every route the service answers with a hook, declared once.
 
 Each entry says who calls it and how a body becomes an answer (decode, call the controller,
-record metrics). `create_app` serves the table, the bearer token guards what Metacontroller calls,
-and the tests, the fuzzer and the chart's checks read the same table, so a hook added here is
-served, guarded, fuzzed and checked without another list to update.
+encode, and for a sync the outcome its metrics record). `create_app` serves the table, the bearer
+token guards what Metacontroller calls, and the tests, the fuzzer and the chart's checks read the
+same table, so a hook added here is served, guarded, fuzzed and checked without another list to
+update.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
 from hooks.http import Answer
-from hooks.metrics import Metrics
 from hooks.rules.permission import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
@@ -40,10 +40,9 @@ Caller = Literal["metacontroller", "apiserver"]
 
 @dataclass(frozen=True)
 class Service:
-    """What the hooks read besides the request: settings, the edges, the clock, the metrics."""
+    """What the hooks read besides the request: settings, the edges, the clock."""
 
     settings: Settings
-    metrics: Metrics
     kubevirt: Callable[[], KubeVirtView]
     budgets: BudgetInputs
     clock: Callable[[], datetime]
@@ -68,12 +67,14 @@ class Hook:
 
 
 def _sync_answer(outcome: StatusOutcome | LicenseOutcome) -> Answer:
-    """A sync's answer: its log line names the class, and so does the warning of what it skipped."""
+    """A sync's answer: its log line names the class, and so does the warning of what it skipped;
+    its metrics are recorded from the outcome when it is sent."""
     return Answer(
         encode(outcome.response),
         {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts},
         skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
         about={"class": outcome.class_name},
+        outcome=outcome,
     )
 
 
@@ -86,7 +87,6 @@ def status_sync(service: Service, body: bytes) -> Answer:
     outcome = status.sync(
         decode_composite_sync(body), service.settings, service.kubevirt, service.clock()
     )
-    service.metrics.record_status(outcome)
     return _sync_answer(outcome)
 
 
@@ -97,7 +97,6 @@ def license_customize(service: Service, body: bytes) -> Answer:
 
 def license_sync(service: Service, body: bytes) -> Answer:
     outcome = license.sync(decode_decorator_sync(body), service.settings)
-    service.metrics.record_license(outcome)
     return _sync_answer(outcome)
 
 
