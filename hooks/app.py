@@ -12,12 +12,13 @@ from flask import Flask, Response, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from hooks import http
+from hooks import apart, http
 from hooks.auth import TokenFile
 from hooks.controllers.budget import BudgetInputs
+from hooks.http import Answer
 from hooks.kubeapi.budget import BudgetReader
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.memory import MemoryBudget, memory_budget
+from hooks.memory import LARGE_BODY_BYTES, MemoryBudget, memory_budget
 from hooks.metrics import Metrics
 from hooks.routes import HOOKS, Hook, Service
 from hooks.settings import Settings
@@ -36,7 +37,10 @@ def create_app(
     metrics: Metrics | None = None,
     budgets: BudgetInputs | None = None,
     memory: MemoryBudget | None = None,
+    apart_from_bytes: int | None = LARGE_BODY_BYTES,
 ) -> Flask:
+    """The hooks' app. Calls to pure hooks with a body of `apart_from_bytes` or more are computed
+    in a process of their own (`hooks.apart`); None computes every call in its thread."""
     app = Flask("hooks")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     exported = metrics or Metrics()
@@ -81,14 +85,29 @@ def create_app(
         )
         return response
 
+    def runs_apart(hook: Hook, length: int | None) -> bool:
+        return (
+            hook.pure
+            and apart_from_bytes is not None
+            and length is not None
+            and apart_from_bytes <= length <= settings.max_body_bytes
+        )
+
     def serve(hook: Hook) -> Callable[[], Response]:
+        def in_thread() -> Answer:
+            return hook.handle(service, http.read_body(settings.max_body_bytes))
+
         def view() -> Response:
             if hook.https_only and not request.is_secure:
                 return http.error_response("admission webhooks are served over HTTPS only", 403)
+            length = request.content_length
+            if not runs_apart(hook, length):
+                return http.answer(hook.path, in_thread, exported)
+            assert length is not None
+            inputs = apart.Inputs(settings, clock())
             return http.answer(
                 hook.path,
-                settings.max_body_bytes,
-                lambda body: hook.handle(service, body),
+                lambda: apart.compute(hook, inputs, reader.view, http.body_chunks(length), length),
                 exported,
             )
 

@@ -42,6 +42,7 @@ def _positive(text: str) -> int:
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
+    from hooks import apart
     from hooks.app import create_app
     from hooks.http import ServiceState
 
@@ -80,13 +81,19 @@ def serve(args: argparse.Namespace) -> int:
                 options.update(
                     ca_certs=str(settings.tls_client_ca_file), cert_reqs=ssl.CERT_REQUIRED
                 )
-            options["post_worker_init"] = drain_on_sigterm
+            options["post_worker_init"] = start_worker
             for key, value in options.items():
                 if value is not None:
                     self.cfg.set(key, value)
 
         def load(self) -> Any:
             return create_app(settings, state=state)
+
+    def start_worker(worker: Any) -> None:
+        drain_on_sigterm(worker)
+        # Each worker has its own fork server for large calls, started before the first one
+        # arrives (which would otherwise wait for it to import the hooks, about a second).
+        apart.start()
 
     def drain_on_sigterm(worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,9 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # How many skipped objects one warning names; the count says how many there were.
 SKIPPED_NAMED = 20
+# Pieces a body streamed to another process is read in: large enough that the per-piece cost
+# vanishes, small enough to be nothing next to the memory budget.
+CHUNK_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,16 @@ class Answer:
     skipped: Sequence[str] = ()
     about: dict[str, str] = field(default_factory=dict)
     outcome: SyncOutcome | None = None
+
+
+class FailedElsewhere(Exception):
+    """An unexpected error where its traceback cannot follow (in another process): its type and
+    last frames, which is all the serving process logs of any unexpected error."""
+
+    def __init__(self, error_type: str, frames: list[str]) -> None:
+        super().__init__(error_type)
+        self.error_type = error_type
+        self.frames = frames
 
 
 class ServiceState:
@@ -89,26 +102,36 @@ def read_body(max_bytes: int) -> bytes:
         body = request.get_data(cache=False)
         if len(body) >= max_bytes:
             raise RequestEntityTooLarge()
-        return body
-    if length > max_bytes:
-        raise RequestEntityTooLarge()
-    body = request.environ["wsgi.input"].read(length) if length else b""
-    if len(body) != length:
-        raise ClientDisconnected()
+    else:
+        if length > max_bytes:
+            raise RequestEntityTooLarge()
+        body = request.environ["wsgi.input"].read(length) if length else b""
+        if len(body) != length:
+            raise ClientDisconnected()
+    g.body_bytes = len(body)
     return bytes(body)
 
 
-def answer(
-    route: str, max_bytes: int, handle: Callable[[bytes], Answer], metrics: Metrics
-) -> Response:
-    """Read the body, run the hook, map its errors to codes, record a sync's outcome, and log the
-    call once."""
+def body_chunks(length: int) -> Iterator[bytes]:
+    """A body of declared length in pieces, so that it never lies whole in this process (it is
+    streamed to the process that computes it)."""
+    stream = request.environ["wsgi.input"]
+    left = length
+    while left:
+        chunk = stream.read(min(left, CHUNK_BYTES))
+        if not chunk:
+            raise ClientDisconnected()
+        left -= len(chunk)
+        yield chunk
+    g.body_bytes = length
+
+
+def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Response:
+    """Run the hook (which reads the body), map its errors to codes, record a sync's outcome, and
+    log the call once."""
     fields: dict[str, Any] = {"route": route}
     try:
-        body = read_body(max_bytes)
-        g.body_bytes = len(body)
-        fields["body_bytes"] = len(body)
-        result = handle(body)
+        result = handle()
     except BadRequest as error:
         fields.update(outcome="bad_request", error=str(error))
         response = error_response(str(error), 400)
@@ -130,6 +153,8 @@ def answer(
             metrics.record_sync(result.outcome)
         fields.update(result.facts)
         response = json_response(result.payload)
+    if "body_bytes" in g:
+        fields["body_bytes"] = g.body_bytes
     duration = time.perf_counter() - g.get("started", time.perf_counter())
     fields.update(code=response.status_code, duration_ms=round(1000 * duration, 1))
     log(logging.INFO, "hook call", **fields)
@@ -179,13 +204,11 @@ def http_error(error: HTTPException) -> Response:
 def unexpected_error(error: Exception) -> Response:
     # The message of an unexpected error may quote input, so only its type and the frames are
     # logged; the caller gets no detail at all.
-    log(
-        logging.ERROR,
-        "unexpected error",
-        route=request.path,
-        error=type(error).__name__,
-        frames=traceback.format_tb(error.__traceback__)[-3:],
-    )
+    if isinstance(error, FailedElsewhere):
+        error_type, frames = error.error_type, error.frames
+    else:
+        error_type, frames = type(error).__name__, traceback.format_tb(error.__traceback__)[-3:]
+    log(logging.ERROR, "unexpected error", route=request.path, error=error_type, frames=frames)
     return error_response("internal error", 500)
 
 

@@ -27,8 +27,9 @@ from hooks.settings import Settings
 
 MIB = 1024 * 1024
 EXPANSION = 1.5
-# Bodies below this bypass the budget; ten at once, expanded, stay within the reserve below.
-BYPASS_BELOW_BYTES = 8 * MIB
+# A large call: its body reserves from the budget (smaller ones bypass it: ten at once, expanded,
+# stay within the reserve below), and a pure hook computes it in a process of its own.
+LARGE_BODY_BYTES = 8 * MIB
 # What the budget leaves to the process itself: idle it holds ~45 MB, and Python keeps some
 # 40-60 MB of arenas after a large request; the rest is headroom for bypassing calls.
 RESERVE_BYTES = 256 * MIB
@@ -119,7 +120,7 @@ class MemoryBudget:
         *,
         max_wait_seconds: float,
         expansion: float = EXPANSION,
-        bypass_below_bytes: int = BYPASS_BELOW_BYTES,
+        bypass_below_bytes: int = LARGE_BODY_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.budget_bytes = budget_bytes

@@ -53,9 +53,14 @@ Handler = Callable[[Service, bytes], Answer]
 
 @dataclass(frozen=True)
 class Hook:
+    """A route, who calls it, and its handler. A pure hook reads nothing but its body, the
+    settings, the clock and the KubeVirt view (never GPU budgets, never the metrics): its large
+    calls are computed in a process of their own (`hooks.apart`)."""
+
     path: str
     caller: Caller
     handle: Handler
+    pure: bool = False
 
     @property
     def needs_token(self) -> bool:
@@ -131,10 +136,10 @@ def budget_review(review: Review) -> Handler:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("/status/customize", "metacontroller", status_customize),
-    Hook("/status/sync", "metacontroller", status_sync),
-    Hook("/license/customize", "metacontroller", license_customize),
-    Hook("/license/sync", "metacontroller", license_sync),
+    Hook("/status/customize", "metacontroller", status_customize, pure=True),
+    Hook("/status/sync", "metacontroller", status_sync, pure=True),
+    Hook("/license/customize", "metacontroller", license_customize, pure=True),
+    Hook("/license/sync", "metacontroller", license_sync, pure=True),
     Hook("/admit/gpu-budget", "apiserver", budget_review(budget.review_app)),
     Hook("/admit/tenant-gpu-keys", "apiserver", budget_review(budget.review_tenant)),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import ssl
 import threading
@@ -12,6 +13,7 @@ import pytest
 import requests
 import trustme
 
+from hooks.memory import LARGE_BODY_BYTES
 from tests.apiserver import KUBEVIRT_PATH, FakeApiServer, kubevirt_cr
 from tests.builders import GPU
 from tests.live import live_server
@@ -47,6 +49,15 @@ def test_https_only_with_a_server_certificate(
         )
         assert response.status_code == 200
         assert response.json()["status"]["free"] == 1
+        # A large body, read through TLS here and computed in another process; the status fed
+        # back so that no second can tick between the answers.
+        synced = json.loads(body)
+        synced["parent"]["status"] = response.json()["status"]
+        large = json.dumps(synced).encode() + b" " * LARGE_BODY_BYTES
+        answer = requests.post(
+            f"{server.url}/status/sync", data=large, verify=pki["ca"], timeout=30
+        )
+        assert (answer.status_code, answer.json()) == (200, response.json())
         plain = server.url.replace("https://", "http://")
         with pytest.raises(requests.RequestException):
             requests.post(f"{plain}/status/sync", data=body, timeout=5)

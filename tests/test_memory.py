@@ -164,10 +164,23 @@ def memory() -> MemoryBudget:
     return budget(total=400 * KIB, wait=0.3)
 
 
-@pytest.fixture
-def client(settings: Settings, memory: MemoryBudget) -> FlaskClient:
+def client_of(
+    settings: Settings, memory: MemoryBudget, apart_from_bytes: int | None
+) -> FlaskClient:
     small = settings.model_copy(update={"max_body_bytes": 200 * KIB})
-    return create_app(small, memory=memory).test_client()
+    return create_app(small, memory=memory, apart_from_bytes=apart_from_bytes).test_client()
+
+
+@pytest.fixture(params=[None, 0], ids=["in-thread", "apart"])
+def client(settings: Settings, memory: MemoryBudget, request: pytest.FixtureRequest) -> FlaskClient:
+    """Every call computed in its thread, or every call computed in a process of its own."""
+    return client_of(settings, memory, request.param)
+
+
+@pytest.fixture
+def thread_client(settings: Settings, memory: MemoryBudget) -> FlaskClient:
+    """Calls computed in their thread, where a test can patch the controllers."""
+    return client_of(settings, memory, None)
 
 
 def sync_body(nodes: int = 40) -> bytes:
@@ -194,13 +207,14 @@ def test_released_after_a_413(client: FlaskClient, memory: MemoryBudget) -> None
 
 
 def test_released_after_a_500(
-    client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
+    thread_client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Computed apart: tests/test_apart.py, where the child fails, dies or runs out of time.
     def broken(*args: object) -> None:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr("hooks.controllers.status.sync", broken)
-    assert client.post("/status/sync", data=sync_body()).status_code == 500
+    assert thread_client.post("/status/sync", data=sync_body()).status_code == 500
     assert memory.reserved_bytes == 0
 
 
@@ -218,7 +232,7 @@ def test_released_when_the_client_goes_away_mid_body(
 
 
 def test_held_while_the_call_runs(
-    client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
+    thread_client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hooks.controllers import status
 
@@ -231,7 +245,7 @@ def test_held_while_the_call_runs(
 
     monkeypatch.setattr("hooks.controllers.status.sync", observing)
     body = sync_body()
-    assert client.post("/status/sync", data=body).status_code == 200
+    assert thread_client.post("/status/sync", data=body).status_code == 200
     assert seen == [memory.share(len(body))]
 
 

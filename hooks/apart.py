@@ -1,0 +1,193 @@
+"""Large sync calls computed in a process of their own, so that the serving process stays quick.
+
+A large status sync spends about a second in msgspec's decode and the rules, and holds the
+interpreter lock all along: every other call the process serves meanwhile (customize hooks,
+license syncs, admission reviews, probes, scrapes) waits for it. So a call to a hook that needs
+nothing but its body, the settings, the clock and the KubeVirt view (`Hook.pure`), whose body is
+large, is computed in a child process:
+
+- The serving thread streams the body to the child as it reads it: the body exists once, in the
+  child, so the memory budget's share still covers the call, and everything the child held is
+  given back to the system when it exits.
+- The child decodes, runs the rules and encodes; it asks the serving process for the KubeVirt view
+  if the rules need it (the serving process reads and caches it, as for any call), and sends back
+  the `Answer`, which the serving process logs, records in its metrics and sends.
+- Children come from a fork server that has the hooks imported, so a child starts in milliseconds
+  and is never a fork of the threaded serving process (whose locks other threads may hold).
+
+A bad request is answered 400 as in the serving process. Anything else that goes wrong in the child
+(an error, a crash, no answer within `DEADLINE_SECONDS`) kills the child and answers 500; nothing
+was applied, and Metacontroller retries.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass, replace
+from datetime import datetime
+from multiprocessing.connection import Connection
+from typing import Any, Literal, NoReturn, cast
+
+from hooks.http import Answer, FailedElsewhere
+from hooks.routes import Hook, Service
+from hooks.rules.permission import KubeVirtView
+from hooks.settings import Settings
+from hooks.wire.problems import BadRequest
+
+# Above the chart's 30 s hook timeout and equal to gunicorn's worker timeout: a child still
+# computing by then is stuck, and its reservation of the memory budget must be given back.
+DEADLINE_SECONDS = 60.0
+
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload([__name__])
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a pure hook reads besides its body, sent to the child (the view only on request)."""
+
+    settings: Settings
+    now: datetime
+
+
+# From the child: a request for the KubeVirt view, or how the call ended.
+_KUBEVIRT = ("kubevirt",)
+Ended = (
+    tuple[Literal["answer"], Answer]
+    | tuple[Literal["bad_request"], str]
+    | tuple[Literal["failed"], str, list[str]]
+)
+
+
+def start() -> None:
+    """Start the fork server now rather than on the first large call (which would wait ~1 s)."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
+def compute(
+    hook: Hook,
+    inputs: Inputs,
+    kubevirt: Callable[[], KubeVirtView],
+    chunks: Iterator[bytes],
+    length: int,
+    deadline_seconds: float = DEADLINE_SECONDS,
+) -> Answer:
+    """The hook's answer to a body of `length` bytes read from `chunks`, computed in a child
+    (the hook travels by reference: its handler must be a module-level function).
+
+    Raises BadRequest as the hook would; FailedElsewhere when the child failed or ran out of time;
+    and whatever reading `chunks` raises (a client gone mid-body), after killing the child.
+    """
+    ours, theirs = _CONTEXT.Pipe()
+    # The body goes through a socket of its own, straight into the child's buffer: a Connection
+    # would copy every message twice more on the way.
+    body_out, body_in = socket.socketpair()
+    child = _CONTEXT.Process(
+        target=_serve_one,
+        args=(hook, inputs, length, theirs, body_in),
+        name=f"hook {hook.path}",
+        daemon=True,
+    )
+    child.start()
+    theirs.close()
+    body_in.close()
+    try:
+        with body_out:
+            for chunk in chunks:  # a client gone mid-body raises here
+                try:
+                    body_out.sendall(chunk)
+                except OSError:
+                    _died(hook.path, child)
+        try:
+            ended = _await_end(ours, kubevirt, deadline_seconds)
+        except (EOFError, OSError):
+            _died(hook.path, child)
+    finally:
+        ours.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+    if ended[0] == "answer":
+        return replace(ended[1], facts={**ended[1].facts, "computed_apart": True})
+    if ended[0] == "bad_request":
+        raise BadRequest(ended[1])
+    raise FailedElsewhere(ended[1], ended[2])
+
+
+def _await_end(
+    ours: Connection, kubevirt: Callable[[], KubeVirtView], deadline_seconds: float
+) -> Ended:
+    deadline = time.monotonic() + deadline_seconds
+    while ours.poll(max(0.0, deadline - time.monotonic())):
+        message: Any = ours.recv()
+        if message == _KUBEVIRT:
+            ours.send(kubevirt())
+            continue
+        ended: Ended = message
+        return ended
+    raise FailedElsewhere("DeadlineExceeded", [f"no answer within {deadline_seconds:g} s"])
+
+
+def _died(path: str, child: Any) -> NoReturn:
+    child.join(1.0)
+    exitcode = child.exitcode
+    how = f"killed by signal {-exitcode}" if exitcode and exitcode < 0 else f"exit code {exitcode}"
+    raise FailedElsewhere("ChildDied", [f"the process computing {path} ended ({how})"])
+
+
+def _receive(body_in: socket.socket, length: int) -> bytearray | None:
+    """The body, or None when the serving process stopped sending it (its caller went away)."""
+    body = bytearray(length)
+    with body_in, memoryview(body) as view:
+        filled = 0
+        while filled < length:
+            received = body_in.recv_into(view[filled:])
+            if not received:
+                return None
+            filled += received
+    return body
+
+
+def _serve_one(
+    hook: Hook, inputs: Inputs, length: int, parent: Connection, body_in: socket.socket
+) -> None:
+    """In the child: receive the body, answer it, send the end back."""
+    body = _receive(body_in, length)
+    if body is None:
+        return
+    ended: Ended
+    try:
+
+        def kubevirt() -> KubeVirtView:
+            parent.send(_KUBEVIRT)
+            view: KubeVirtView = parent.recv()
+            return view
+
+        service = Service(inputs.settings, kubevirt, _NoBudgets(), lambda: inputs.now)
+        # msgspec decodes any buffer, and its Raw values point into it: a copy to bytes would
+        # double the call's largest allocation for nothing.
+        ended = ("answer", hook.handle(service, cast(bytes, body)))
+    except BadRequest as error:
+        ended = ("bad_request", str(error))
+    except Exception as error:
+        # Only the type and frames travel, as in the serving process: a message may quote input.
+        ended = ("failed", type(error).__name__, traceback.format_tb(error.__traceback__)[-3:])
+    with suppress(OSError):  # the serving process gave up on us
+        parent.send(ended)
+
+
+class _NoBudgets:
+    """Pure hooks read no budgets; a hook that does is not pure, and this says so."""
+
+    def classes(self) -> NoReturn:
+        raise RuntimeError("a hook computed apart read GPU budgets: it is not pure")
+
+    def tenancy(self, namespaces: object) -> NoReturn:
+        raise RuntimeError("a hook computed apart read GPU budgets: it is not pure")

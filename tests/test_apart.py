@@ -1,0 +1,285 @@
+"""Large calls computed in a process of their own (`hooks.apart`): the same answers, metrics and
+log lines as in the serving thread, the body whole in the child, and every way a child can fail
+answered without a traceback, its reservation given back and no child left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from werkzeug.exceptions import ClientDisconnected
+
+from hooks import apart
+from hooks.app import create_app
+from hooks.http import CHUNK_BYTES, Answer, FailedElsewhere
+from hooks.memory import LARGE_BODY_BYTES, MemoryBudget
+from hooks.routes import HOOKS, Hook, Service
+from hooks.rules.permission import KubeVirtAbsent, KubeVirtView
+from hooks.settings import Settings
+from tests.builders import admission_review, example_of
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+PURE = [hook for hook in HOOKS if hook.pure]
+KIB = 1024
+
+
+# Handlers travel to the child by reference, so the test hooks are module-level functions.
+def digest(service: Service, body: bytes) -> Answer:
+    return Answer(b"{}", {"sha256": hashlib.sha256(body).hexdigest(), "length": len(body)})
+
+
+def raises(service: Service, body: bytes) -> Answer:
+    raise RuntimeError("a message that quotes the input: secret-token-value")
+
+
+def dies(service: Service, body: bytes) -> Answer:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def hangs(service: Service, body: bytes) -> Answer:
+    time.sleep(60)
+    raise AssertionError("unreachable")
+
+
+def reads_budgets(service: Service, body: bytes) -> Answer:
+    service.budgets.classes()
+    raise AssertionError("unreachable")
+
+
+def reads_kubevirt_twice(service: Service, body: bytes) -> Answer:
+    views = [service.kubevirt(), service.kubevirt()]
+    return Answer(b"{}", {"views": [type(v).__name__ for v in views]})
+
+
+def hook_of(handler: Any) -> Hook:
+    return Hook("/status/sync", "metacontroller", handler, pure=True)
+
+
+def inputs(settings: Settings) -> apart.Inputs:
+    return apart.Inputs(settings, NOW)
+
+
+def pieces(body: bytes, size: int) -> Iterator[bytes]:
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def no_view() -> KubeVirtView:
+    raise AssertionError("the KubeVirt view was read")
+
+
+def hook_children() -> list[str]:
+    return [p.name for p in multiprocessing.active_children() if p.name.startswith("hook ")]
+
+
+# --- the same answers ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hook", PURE, ids=[hook.path for hook in PURE])
+def test_pure_hooks_answer_the_same_apart_as_in_their_thread(
+    settings: Settings, hook: Hook
+) -> None:
+    answers = []
+    for apart_from_bytes in (None, 0):
+        app = create_app(settings, clock=lambda: NOW, apart_from_bytes=apart_from_bytes)
+        client = app.test_client()
+        response = client.post(hook.path, data=example_of(hook.path))
+        series = sorted(
+            line
+            for line in client.get("/metrics").get_data(as_text=True).splitlines()
+            if line.startswith("cozystack_gpu_class") and "timestamp" not in line
+        )
+        answers.append((response.status_code, response.data, series))
+    assert answers[0][0] == 200
+    assert answers[1] == answers[0]
+    if hook.path.endswith("/sync"):
+        assert answers[0][2], "a sync records class series"
+
+
+def test_a_bad_request_is_the_same_400_apart(settings: Settings) -> None:
+    body = json.loads(example_of("/status/sync"))
+    body["parent"]["kind"] = "ConfigMap"
+    answers = []
+    for apart_from_bytes in (None, 0):
+        client = create_app(settings, apart_from_bytes=apart_from_bytes).test_client()
+        response = client.post("/status/sync", json=body)
+        answers.append((response.status_code, response.json))
+    assert answers[0][0] == 400
+    assert answers[1] == answers[0]
+
+
+def test_the_body_arrives_whole_from_many_pieces(settings: Settings) -> None:
+    body = os.urandom(3 * 1000 * KIB + 17)
+    answer = apart.compute(
+        hook_of(digest), inputs(settings), no_view, pieces(body, 64 * KIB), len(body)
+    )
+    assert answer.facts["length"] == len(body)
+    assert answer.facts["sha256"] == hashlib.sha256(body).hexdigest()
+    assert answer.facts["computed_apart"] is True
+
+
+def test_the_kubevirt_view_is_read_here_each_time_the_child_asks(settings: Settings) -> None:
+    reads: list[int] = []
+
+    def view() -> KubeVirtView:
+        reads.append(1)
+        return KubeVirtAbsent("kubevirt/kubevirt")
+
+    answer = apart.compute(hook_of(reads_kubevirt_twice), inputs(settings), view, iter([b"{}"]), 2)
+    assert answer.facts["views"] == ["KubeVirtAbsent", "KubeVirtAbsent"]
+    assert len(reads) == 2
+
+
+def test_a_license_sync_apart_never_reads_the_kubevirt_view(settings: Settings) -> None:
+    hook = next(hook for hook in HOOKS if hook.path == "/license/sync")
+    body = example_of(hook.path)
+    answer = apart.compute(hook, inputs(settings), no_view, iter([body]), len(body))
+    assert answer.facts["outcome"] == "ok"
+
+
+# --- which calls run apart ----------------------------------------------------------------------
+
+
+def padded(body: bytes, size: int) -> bytes:
+    """The same JSON, grown to `size` bytes with whitespace."""
+    return body + b" " * (size - len(body))
+
+
+def call_facts(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+
+
+def test_only_large_calls_of_pure_hooks_run_apart(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = create_app(settings, memory=None).test_client()
+    review = json.dumps(admission_review("VMInstance", "tenant-a", "vm", {})).encode()
+    calls = [
+        ("/status/sync", example_of("/status/sync")),
+        ("/status/sync", padded(example_of("/status/sync"), LARGE_BODY_BYTES)),
+        ("/admit/gpu-budget", padded(review, LARGE_BODY_BYTES)),
+    ]
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        for path, body in calls:
+            client.post(path, data=body, base_url="https://localhost")
+    assert [facts.get("computed_apart", False) for facts in call_facts(caplog)] == [
+        False,
+        True,
+        False,
+    ]
+    assert CHUNK_BYTES < LARGE_BODY_BYTES  # a large body crosses in several pieces
+
+
+def test_a_chunked_body_is_computed_in_its_thread(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = create_app(settings, memory=None, apart_from_bytes=0).test_client()
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        response = client.post(
+            "/status/sync",
+            input_stream=io.BytesIO(example_of("/status/sync")),
+            headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"},
+            environ_overrides={"wsgi.input_terminated": True},  # as gunicorn marks it
+        )
+    assert response.status_code == 200
+    assert "computed_apart" not in call_facts(caplog)[0]
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+def failed_call(
+    settings: Settings, handler: Any, caplog: pytest.LogCaptureFixture
+) -> tuple[Any, dict[str, Any]]:
+    """A call to a /status/sync served by `handler`, computed apart: its response and the fields
+    of the error logged, once its reservation of the memory budget is seen given back."""
+    import hooks.app
+
+    memory = MemoryBudget(100 * KIB, max_wait_seconds=1, bypass_below_bytes=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hooks.app, "HOOKS", (hook_of(handler),))
+        client = create_app(settings, memory=memory, apart_from_bytes=0).test_client()
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        response = client.post("/status/sync", data=b"{}")
+    assert memory.reserved_bytes == 0
+    assert hook_children() == []
+    [error] = [r for r in caplog.records if r.getMessage() == "unexpected error"]
+    return response, error.fields  # type: ignore[attr-defined]
+
+
+def test_an_error_in_the_child_is_a_500_logged_by_type_and_frames_only(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    response, error = failed_call(settings, raises, caplog)
+    assert (response.status_code, response.json) == (500, {"error": "internal error"})
+    assert error["error"] == "RuntimeError"
+    assert any("raises" in frame for frame in error["frames"])
+    assert "secret-token-value" not in caplog.text
+
+
+def test_a_child_that_dies_is_a_500_saying_how(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    response, error = failed_call(settings, dies, caplog)
+    assert (response.status_code, response.json) == (500, {"error": "internal error"})
+    assert error["error"] == "ChildDied"
+    assert "killed by signal 9" in error["frames"][0]
+
+
+def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
+    started = time.monotonic()
+    with pytest.raises(FailedElsewhere) as failed:
+        apart.compute(hook_of(hangs), inputs(settings), no_view, iter([b"{}"]), 2, 0.5)
+    assert failed.value.error_type == "DeadlineExceeded"
+    assert time.monotonic() - started < 30  # killed, not waited for
+    assert hook_children() == []
+
+
+def test_a_client_gone_mid_body_kills_the_child(settings: Settings) -> None:
+    def cut_short() -> Iterator[bytes]:
+        yield b"{" * 1000
+        raise ClientDisconnected()
+
+    with pytest.raises(ClientDisconnected):
+        apart.compute(hook_of(digest), inputs(settings), no_view, cut_short(), 4000)
+    assert hook_children() == []
+
+
+def test_a_hook_computed_apart_cannot_read_budgets(settings: Settings) -> None:
+    with pytest.raises(FailedElsewhere) as failed:
+        apart.compute(hook_of(reads_budgets), inputs(settings), no_view, iter([b"{}"]), 2)
+    assert failed.value.error_type == "RuntimeError"
+
+
+def test_every_pure_hook_travels_by_reference() -> None:
+    import pickle
+
+    for hook in PURE:
+        assert pickle.loads(pickle.dumps(hook)) == hook
+
+
+def test_the_reservation_is_held_while_the_child_computes(settings: Settings) -> None:
+    memory = MemoryBudget(100 * 1024 * KIB, max_wait_seconds=1, bypass_below_bytes=1)
+    held: list[int] = []
+
+    class Reader:
+        def view(self) -> KubeVirtView:  # asked for by the child, mid-computation
+            held.append(memory.reserved_bytes)
+            return KubeVirtAbsent("cozy-kubevirt/kubevirt")
+
+    app = create_app(settings, kubevirt=Reader(), memory=memory, apart_from_bytes=0)  # type: ignore[arg-type]
+    body = example_of("/status/sync")
+    assert app.test_client().post("/status/sync", data=body).status_code == 200
+    assert held == [memory.share(len(body))]
+    assert memory.reserved_bytes == 0
