@@ -80,7 +80,13 @@ def no_view() -> KubeVirtView:
 
 
 def hook_children() -> list[str]:
-    return [p.name for p in multiprocessing.active_children() if p.name.startswith("hook ")]
+    """The children computing hooks still running, once those that are exiting are gone."""
+    deadline = time.monotonic() + 10
+    while True:
+        running = [p.name for p in multiprocessing.active_children() if p.name.startswith("hook ")]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.01)
 
 
 # --- the same answers ---------------------------------------------------------------------------
