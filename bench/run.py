@@ -120,18 +120,22 @@ def kubevirt_api() -> Iterator[str]:
         server.shutdown()
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return []
-    pids = []
-    for task in tasks:
-        try:
-            pids += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return pids
+def _process_tree(root: int) -> list[int]:
+    """`root` and every process below it, from the parent pids in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
 
 
 def _pss_kib(pid: int) -> int:
@@ -144,6 +148,25 @@ def _pss_kib(pid: int) -> int:
     return 0
 
 
+def _unmapped_memfd_kib(pids: list[int]) -> int:
+    """Memory files the processes hold open but none maps (a body being written for a child to
+    map): their pages are charged to the container but are in no process's PSS."""
+    held: dict[int, int] = {}
+    mapped: set[int] = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                if "memfd:" in os.readlink(fd):
+                    stat = fd.stat()
+                    held[stat.st_ino] = stat.st_blocks * 512 // 1024
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "memfd:" in line:
+                    mapped.add(int(line.split()[4]))
+        except OSError:
+            continue  # ended, or closed the file, meanwhile
+    return sum(kib for inode, kib in held.items() if inode not in mapped)
+
+
 @dataclass
 class Peak:
     mb: float = 0.0
@@ -151,23 +174,20 @@ class Peak:
 
 @dataclass
 class Server:
-    """The serving gunicorn. Its memory is the worker's and its children's (the fork server and
-    the processes computing large calls), each page counted once: the sum of their PSS, which is
-    what the container's memory limit is charged."""
+    """The serving gunicorn. Its memory is the worker's and its descendants' (the fork server and
+    the processes computing large calls), each page counted once: the sum of their PSS, plus the
+    bodies being written into memory files no process maps yet. That is what the container's
+    memory limit is charged."""
 
     url: str
     master: subprocess.Popen[bytes]
 
     def worker_pid(self) -> int:
-        return _children(self.master.pid)[0]
+        return _process_tree(self.master.pid)[1]
 
     def memory_mb(self) -> float:
-        pids, todo = [], [self.worker_pid()]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            todo += _children(pid)
-        return sum(_pss_kib(pid) for pid in pids) / 1024
+        pids = _process_tree(self.worker_pid())
+        return (sum(_pss_kib(pid) for pid in pids) + _unmapped_memfd_kib(pids)) / 1024
 
     @contextmanager
     def peak_memory(self, every_seconds: float = 0.01) -> Iterator[Peak]:
