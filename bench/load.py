@@ -31,6 +31,8 @@ from bench.run import MB, answer, kubevirt_api, post, serve
 
 LIMIT = 2 * 1024 * MB
 CALLS = 10
+# Small calls timed unloaded, and again while the large ones run (as many as they last for).
+SAMPLES = 100
 BUDGET_ON = {"GPUCLASS_MEMORY_LIMIT_BYTES": str(LIMIT)}
 BUDGET_OFF = {"GPUCLASS_MEMORY_BUDGET_BYTES": "0"}
 
@@ -75,7 +77,7 @@ def run_load(
 ) -> tuple[Load, tuple[list[float], list[float]]]:  # fmt: skip
     load = Load(label)
     with serve(api, threads=CALLS + 4, settings=settings) as server:
-        unloaded = small_calls(server.url, customize, license_body, 20)
+        unloaded = small_calls(server.url, customize, license_body, SAMPLES)
         results: list[requests.Response | Exception] = []
 
         def call(_: int) -> None:
@@ -89,7 +91,7 @@ def run_load(
             futures = [pool.submit(call, i) for i in range(CALLS)]
             time.sleep(1.0)  # the large calls arrive, and reserve or wait
             # Small calls while the large ones are in flight; with a budget, some of them wait.
-            while not all(f.done() for f in futures) and len(load.customize_ms) < 20:
+            while not all(f.done() for f in futures) and len(load.customize_ms) < SAMPLES:
                 load.waiting.append(waiting_calls(server.url))
                 load.customize_ms.append(timed_ms(f"{server.url}/status/customize", customize))
                 load.license_ms.append(timed_ms(f"{server.url}/license/sync", license_body))

@@ -30,9 +30,10 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # How many skipped objects one warning names; the count says how many there were.
 SKIPPED_NAMED = 20
-# Pieces a body streamed to another process is read in: large enough that the per-piece cost
-# vanishes, small enough to be nothing next to the memory budget.
-CHUNK_BYTES = 4 * 1024 * 1024
+# Pieces a body computed in another process is read in: gunicorn's own largest read, large enough
+# that the per-piece cost vanishes, small enough that copying one holds the interpreter lock for
+# a fraction of a millisecond (small calls answered meanwhile wait for it).
+CHUNK_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 A large status sync costs far more memory than its body: measured by the benchmark, a body
 expands about 1.5x into the bytes read and the decoded objects for one request alone (1.2x each
-for five at once). Metacontroller runs five workers per controller, ten calls can arrive together,
-and the kernel kills a pod past its limit, losing every call in flight. So a call reserves
-`EXPANSION x Content-Length` before it reads a byte, waits in arrival order while the budget is
-full, and gives up after a bounded wait (the caller retries); the reservation is released when the
-call ends, however it ends.
+for five at once), and the process computing it costs some tens of megabytes more. Metacontroller
+runs five workers per controller, ten calls can arrive together, and the kernel kills a pod past
+its limit, losing every call in flight. So a call reserves `EXPANSION x Content-Length +
+PER_CALL_BYTES` before it reads a byte, waits in arrival order while the budget is full, and gives
+up after a bounded wait (the caller retries); the reservation is released when the call ends,
+however it ends.
 
 Small bodies (customize hooks, license syncs, admission reviews, probes and metrics) bypass the
 budget: they are never stuck behind a large sync that waits, and together they fit in the memory
@@ -27,11 +28,15 @@ from hooks.settings import Settings
 
 MIB = 1024 * 1024
 EXPANSION = 1.5
+# What a large call costs besides its expanded body: the process computing it (hooks.apart), and
+# buffers that do not grow with the body. Measured by `make bench`: 30-50 MB at S, M and L.
+PER_CALL_BYTES = 48 * MIB
 # A large call: its body reserves from the budget (smaller ones bypass it: ten at once, expanded,
 # stay within the reserve below), and a pure hook computes it in a process of its own.
 LARGE_BODY_BYTES = 8 * MIB
-# What the budget leaves to the process itself: idle it holds ~45 MB, and Python keeps some
-# 40-60 MB of arenas after a large request; the rest is headroom for bypassing calls.
+# What the budget leaves to the service itself: idle, the worker, its fork server and
+# multiprocessing's resource tracker hold ~45 MB (large calls are computed in processes that give
+# everything back when they exit); the rest is headroom for the calls that bypass the budget.
 RESERVE_BYTES = 256 * MIB
 # cgroup v1 writes "no limit" as a page-aligned 2^63 - 1.
 _UNLIMITED_V1 = 2**62
@@ -120,12 +125,14 @@ class MemoryBudget:
         *,
         max_wait_seconds: float,
         expansion: float = EXPANSION,
+        per_call_bytes: int = PER_CALL_BYTES,
         bypass_below_bytes: int = LARGE_BODY_BYTES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.budget_bytes = budget_bytes
         self.max_wait_seconds = max_wait_seconds
         self.expansion = expansion
+        self.per_call_bytes = per_call_bytes
         self.bypass_below_bytes = bypass_below_bytes
         self._clock = clock
         self._reserved = 0
@@ -141,7 +148,7 @@ class MemoryBudget:
         return len(self._queue)
 
     def share(self, body_bytes: int) -> int:
-        return math.ceil(body_bytes * self.expansion)
+        return math.ceil(body_bytes * self.expansion) + self.per_call_bytes
 
     def reserve(self, body_bytes: int) -> Reservation:
         """Wait, in arrival order, until the call's share fits; at most `max_wait_seconds`."""

@@ -212,7 +212,7 @@ def failed_call(
     of the error logged, once its reservation of the memory budget is seen given back."""
     import hooks.app
 
-    memory = MemoryBudget(100 * KIB, max_wait_seconds=1, bypass_below_bytes=1)
+    memory = MemoryBudget(100 * KIB, max_wait_seconds=1, bypass_below_bytes=1, per_call_bytes=0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(hooks.app, "HOOKS", (hook_of(handler),))
         client = create_app(settings, memory=memory, apart_from_bytes=0).test_client()
@@ -289,3 +289,12 @@ def test_the_reservation_is_held_while_the_child_computes(settings: Settings) ->
     assert app.test_client().post("/status/sync", data=body).status_code == 200
     assert held == [memory.share(len(body))]
     assert memory.reserved_bytes == 0
+
+
+def niceness(service: Service, body: bytes) -> Answer:
+    return Answer(b"{}", {"niceness": os.nice(0)})
+
+
+def test_children_run_below_the_serving_process(settings: Settings) -> None:
+    answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2)
+    assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS

@@ -15,7 +15,9 @@ from flask.testing import FlaskClient
 from hooks.app import create_app
 from hooks.http import RETRY_AFTER_SECONDS
 from hooks.memory import (
+    LARGE_BODY_BYTES,
     MIB,
+    PER_CALL_BYTES,
     Admitted,
     MemoryBudget,
     NeverFits,
@@ -31,7 +33,9 @@ KIB = 1024
 
 
 def budget(total: int = 100 * KIB, wait: float = 0.3, bypass: int = KIB) -> MemoryBudget:
-    return MemoryBudget(total, max_wait_seconds=wait, expansion=1.5, bypass_below_bytes=bypass)
+    return MemoryBudget(
+        total, max_wait_seconds=wait, expansion=1.5, per_call_bytes=0, bypass_below_bytes=bypass
+    )
 
 
 # --- the budget itself ------------------------------------------------------------------------
@@ -45,6 +49,13 @@ def test_a_call_reserves_its_expanded_share_and_gives_it_back() -> None:
     reservation.release()
     reservation.release()  # once, however often
     assert memory.reserved_bytes == 0
+
+
+def test_a_large_call_also_reserves_what_it_costs_besides_its_body() -> None:
+    memory = MemoryBudget(1024 * MIB, max_wait_seconds=1)
+    assert memory.share(100 * MIB) == 150 * MIB + PER_CALL_BYTES
+    reservation = memory.reserve(LARGE_BODY_BYTES - 1)  # bypasses: no share at all
+    assert isinstance(reservation, Admitted) and reservation.share == 0
 
 
 def test_small_bodies_bypass_the_budget_even_when_it_is_full() -> None:
