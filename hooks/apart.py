@@ -72,10 +72,16 @@ Ended = (
 
 
 def start() -> None:
-    """Start the fork server now rather than on the first large call (which would wait ~1 s)."""
-    from multiprocessing import forkserver
+    """Start the fork server and wait until it has the hooks imported (about a second): the
+    first large call then does not wait for it, and a worker that is up has one ready. A fork
+    server that cannot start stops the worker here, at boot, and gunicorn says why."""
+    ready = _CONTEXT.Process(target=_nothing, name="hook fork server check", daemon=True)
+    ready.start()  # the fork server forks only once its imports are done
+    ready.join()
 
-    forkserver.ensure_running()
+
+def _nothing() -> None:
+    pass
 
 
 def compute(
