@@ -34,6 +34,7 @@ from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any, Literal, NoReturn, cast
 
 from hooks.http import Answer, FailedElsewhere
@@ -166,7 +167,7 @@ def _await_end(
     raise FailedElsewhere("DeadlineExceeded", [f"no answer within {deadline_seconds:g} s"])
 
 
-def _died(path: str, child: Any) -> NoReturn:
+def _died(path: str, child: BaseProcess) -> NoReturn:
     child.join(1.0)
     exitcode = child.exitcode
     how = f"killed by signal {-exitcode}" if exitcode and exitcode < 0 else f"exit code {exitcode}"

@@ -85,11 +85,10 @@ def create_app(
         )
         return response
 
-    def runs_apart(hook: Hook, length: int | None) -> bool:
+    def runs_apart(hook: Hook, length: int) -> bool:
         return (
             hook.pure
             and apart_from_bytes is not None
-            and length is not None
             and apart_from_bytes <= length <= settings.max_body_bytes
         )
 
@@ -101,9 +100,8 @@ def create_app(
             if hook.https_only and not request.is_secure:
                 return http.error_response("admission webhooks are served over HTTPS only", 403)
             length = request.content_length
-            if not runs_apart(hook, length):
+            if length is None or not runs_apart(hook, length):
                 return http.answer(hook.path, in_thread, exported)
-            assert length is not None
             inputs = apart.Inputs(settings, clock())
             return http.answer(
                 hook.path,

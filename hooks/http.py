@@ -114,8 +114,8 @@ def read_body(max_bytes: int) -> bytes:
 
 
 def body_chunks(length: int) -> Iterator[bytes]:
-    """A body of declared length in pieces, so that it never lies whole in this process (it is
-    streamed to the process that computes it)."""
+    """A body of declared length in pieces, so that it never lies whole in this process (the
+    pieces go into the memory file of the process that computes it)."""
     stream = request.environ["wsgi.input"]
     left = length
     while left:
