@@ -120,7 +120,7 @@ def kubevirt_api() -> Iterator[str]:
         server.shutdown()
 
 
-def _process_tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
     """`root` and every process below it, from the parent pids in /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -183,10 +183,10 @@ class Server:
     master: subprocess.Popen[bytes]
 
     def worker_pid(self) -> int:
-        return _process_tree(self.master.pid)[1]
+        return process_tree(self.master.pid)[1]
 
     def memory_mb(self) -> float:
-        pids = _process_tree(self.worker_pid())
+        pids = process_tree(self.worker_pid())
         return (sum(_pss_kib(pid) for pid in pids) + _unmapped_memfd_kib(pids)) / 1024
 
     @contextmanager

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import requests
 
+from bench.run import process_tree
 from hooks.memory import LARGE_BODY_BYTES
 from tests.apiserver import FakeApiServer
 from tests.live import live_server
@@ -50,7 +51,7 @@ def test_serve_answers_status_sync(
 
         # A large call is computed in a child of the worker's fork server, which the worker
         # started before any large call came; the answer is the same.
-        assert len(descendants(server.process.pid)) >= 2  # the worker and its fork server
+        assert len(process_tree(server.process.pid)) >= 3  # gunicorn, its worker, its fork server
         large = resync + b" " * LARGE_BODY_BYTES
         answer = requests.post(f"{server.url}/status/sync", data=large, timeout=30)
         assert (answer.status_code, answer.json()) == (200, response.json())
@@ -58,19 +59,6 @@ def test_serve_answers_status_sync(
     assert server.process.returncode == 0
     calls = [json.loads(line) for line in server.logs().splitlines() if '"hook call"' in line]
     assert [c.get("computed_apart", False) for c in calls] == [False] * 11 + [True]
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        children = [
-            int(child)
-            for task in Path(f"/proc/{todo.pop()}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
-        found += children
-        todo += children
-    return found
 
 
 def test_serve_refuses_invalid_settings_with_one_line(tmp_path: Path) -> None:
