@@ -1,7 +1,7 @@
 """Benchmark: decode + rules, the HTTP round trip, and memory, on generated clusters.
 
     python -m bench.run                 # sizes S and M
-    python -m bench.run --sizes S,M,L   # everything (L builds a ~0.5 GB request; a few minutes)
+    python -m bench.run --sizes S,M,L   # everything (L builds the largest request; a few minutes)
 
 For each size, on the same request bodies: the hook in process (decode, rules, encode), the full
 HTTP round trip against `gpuclass-hooks serve` on loopback with its peak memory (the worker and
@@ -38,7 +38,7 @@ import requests
 from bench.cluster import GPU_RESOURCES, Cluster, generate, license_sync_body, status_sync_body
 from bench.common import free_units
 from hooks.controllers import license, status
-from hooks.rules.permission import KubeVirtFound
+from hooks.rules.permitted_devices import KubeVirtFound
 from hooks.settings import Settings
 from hooks.wire.kube import GPUClass, KubeVirt, Namespace, Node, Pod, Secret
 from hooks.wire.metacontroller import decode_composite_sync, decode_decorator_sync, encode

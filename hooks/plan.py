@@ -23,7 +23,7 @@ from hooks.controllers.status import StatusOutcome
 from hooks.rules.capacity import Capacity
 from hooks.rules.conditions import LICENSE_COPY_CONFLICT, READY, READY_BLOCKERS
 from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
-from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.rules.selectors import check_rule, rule_selects
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt, ObjectMeta, Secret

@@ -10,7 +10,7 @@ from bench.cluster import GPU_RESOURCES, generate, license_sync_body, status_syn
 from bench.common import free_units
 from bench.run import KUBEVIRT, decode_floor, in_process
 from hooks.controllers import license
-from hooks.rules.permission import KubeVirtFound
+from hooks.rules.permitted_devices import KubeVirtFound
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from hooks.wire.metacontroller import decode_decorator_sync, encode

@@ -16,9 +16,9 @@ from hooks.kubeapi.budget import (
     releases_in,
     scoped_tenancy,
 )
-from hooks.kubeapi.client import Unreadable
 from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
 from hooks.settings import Settings
+from hooks.wire.problems import Unreadable
 from tests.apiserver import FakeApiServer, list_of
 from tests.builders import GPU, gpuclass, gpus, helmrelease
 

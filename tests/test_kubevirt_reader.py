@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.rules.permission import (
+from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
     KubeVirtUnreadable,

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from hooks.kubeapi.client import Unreadable
 from hooks.rules.budget import (
     ALLOWED,
     FAILED_CLOSED,
@@ -34,7 +33,7 @@ from hooks.rules.budget import (
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
 from hooks.wire.cozystack import AppObject, decode_app_object
-from hooks.wire.problems import BadRequest
+from hooks.wire.problems import BadRequest, Unreadable
 
 APPS_GROUP = "apps.cozystack.io"
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
-from hooks.rules.capacity import InvalidObject
+from hooks.rules.invalid import InvalidObject
 from hooks.rules.license import (
     LicensePlan,
     SecretCopy,

@@ -17,11 +17,11 @@ import msgspec
 
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.controllers.license import license_inputs, license_rules, licensed_spec, plan_for
-from hooks.rules.capacity import Capacity, InvalidObject, compute_capacity
+from hooks.rules.capacity import Capacity, compute_capacity
 from hooks.rules.classes import class_identity, older_class_with_resource
 from hooks.rules.conditions import (
     RESOURCE_NAME_NOT_PERMITTED,
-    Verdict,
+    DecidedCondition,
     advertised_condition,
     conflict_condition,
     invalid_spec_condition,
@@ -30,8 +30,9 @@ from hooks.rules.conditions import (
     ready_condition,
     settle,
 )
+from hooks.rules.invalid import InvalidObject
 from hooks.rules.license import LicensePlan, copy_name
-from hooks.rules.permission import KubeVirtUnreadable, KubeVirtView, permission_condition
+from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView, permission_condition
 from hooks.settings import Settings
 from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
 from hooks.wire.kube import Condition
@@ -161,7 +162,7 @@ def sync(
 
     view = read_kubevirt()
     previous_permission = next((c for c in previous if c.type == RESOURCE_NAME_NOT_PERMITTED), None)
-    decided: list[Verdict | Condition] = [
+    decided: list[DecidedCondition | Condition] = [
         conflict_condition(resource, older.name if older else None),
         permission_condition(resource, view, previous_permission, generation),
         advertised_condition(resource, capacity.advertised),

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import msgspec
 
-from hooks.kubeapi.client import ApiClient, Unreadable
+from hooks.kubeapi.client import ApiClient
 from hooks.rules.budget import (
     KUBERNETES_NODES,
     TENANT,
@@ -42,7 +42,7 @@ from hooks.settings import Settings
 from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
 from hooks.wire.names import is_dns_label
-from hooks.wire.problems import Undecodable, decoded
+from hooks.wire.problems import Undecodable, Unreadable, decoded
 
 HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
 HELMRELEASES = f"{HELM_API}/helmreleases"

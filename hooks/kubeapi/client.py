@@ -16,13 +16,9 @@ import msgspec
 import requests
 
 from hooks.settings import Settings
-from hooks.wire.problems import Undecodable, decoded
+from hooks.wire.problems import Undecodable, Unreadable, decoded
 
 PAGE_SIZE = 500
-
-
-class Unreadable(Exception):
-    """An input of a hook could not be read; `str()` says why, safe to show to anyone."""
 
 
 class NotFound(Unreadable):

@@ -14,11 +14,16 @@ from typing import Literal
 
 import msgspec
 
-from hooks.kubeapi.client import ApiClient, NotFound, Unreadable
-from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.kubeapi.client import ApiClient, NotFound
+from hooks.rules.permitted_devices import (
+    KubeVirtAbsent,
+    KubeVirtFound,
+    KubeVirtUnreadable,
+    KubeVirtView,
+)
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
-from hooks.wire.problems import Undecodable, decoded
+from hooks.wire.problems import Undecodable, Unreadable, decoded
 
 ReadOutcome = Literal["found", "absent", "unreadable"]
 ReadObserver = Callable[[ReadOutcome], None]

@@ -5,21 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from hooks.rules.invalid import InvalidObject
 from hooks.rules.quantity import QuantityError, parse_units
 from hooks.rules.scheduling import TolerationLike, ineligibility
 from hooks.wire.kube import Container, Node, Pod
 from hooks.wire.names import namespaced_key
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True)
-class InvalidObject:
-    """An object a rule skipped; the reason never carries object contents."""
-
-    kind: str
-    name: str
-    reason: str
 
 
 @dataclass(frozen=True)

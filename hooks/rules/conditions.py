@@ -40,7 +40,7 @@ READY_BLOCKERS = (
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DecidedCondition:
     """A condition as a rule decides it, before it gets its time and generation."""
 
     type: str
@@ -53,12 +53,12 @@ def rfc3339(now: datetime) -> str:
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def conflict_condition(resource: str, older_class: str | None) -> Verdict:
+def conflict_condition(resource: str, older_class: str | None) -> DecidedCondition:
     if older_class is None:
-        return Verdict(
+        return DecidedCondition(
             RESOURCE_NAME_CONFLICT, "False", "NoConflict", f"no older class has {resource}"
         )
-    return Verdict(
+    return DecidedCondition(
         RESOURCE_NAME_CONFLICT,
         "True",
         "OlderClassHasResource",
@@ -66,12 +66,12 @@ def conflict_condition(resource: str, older_class: str | None) -> Verdict:
     )
 
 
-def advertised_condition(resource: str, advertised: bool) -> Verdict:
+def advertised_condition(resource: str, advertised: bool) -> DecidedCondition:
     if advertised:
-        return Verdict(
+        return DecidedCondition(
             RESOURCE_NOT_ADVERTISED, "False", "Advertised", f"nodes advertise {resource}"
         )
-    return Verdict(
+    return DecidedCondition(
         RESOURCE_NOT_ADVERTISED,
         "True",
         "NoNodeAdvertises",
@@ -79,9 +79,9 @@ def advertised_condition(resource: str, advertised: bool) -> Verdict:
     )
 
 
-def license_secret_condition(source: SourceState) -> Verdict:
+def license_secret_condition(source: SourceState) -> DecidedCondition:
     """LicenseSecretMissing: True with why the source cannot be copied, False when it can."""
-    return Verdict(
+    return DecidedCondition(
         LICENSE_SECRET_MISSING, "False" if source.usable else "True", source.reason, source.message
     )
 
@@ -91,10 +91,10 @@ def _first_five(namespaces: tuple[str, ...]) -> str:
     return shown + (", ..." if len(namespaces) > 5 else "")
 
 
-def license_conflict_condition(plan: LicensePlan, copy: str) -> Verdict:
+def license_conflict_condition(plan: LicensePlan, copy: str) -> DecidedCondition:
     """LicenseCopyConflict: namespaces where a Secret named like the copy is not ours."""
     if plan.foreign:
-        return Verdict(
+        return DecidedCondition(
             LICENSE_COPY_CONFLICT,
             "True",
             "ForeignSecret",
@@ -102,7 +102,7 @@ def license_conflict_condition(plan: LicensePlan, copy: str) -> Verdict:
             f"copy and get no copy: {_first_five(plan.foreign)}",
         )
     if plan.unmanaged:
-        return Verdict(
+        return DecidedCondition(
             LICENSE_COPY_CONFLICT,
             "True",
             "UnmanagedCopy",
@@ -110,28 +110,30 @@ def license_conflict_condition(plan: LicensePlan, copy: str) -> Verdict:
             f"manages (orphaned, or written by another controller); delete it to let the hook "
             f"manage it: {_first_five(plan.unmanaged)}",
         )
-    return Verdict(LICENSE_COPY_CONFLICT, "False", "NoConflict", f"no foreign Secret named {copy}")
+    return DecidedCondition(
+        LICENSE_COPY_CONFLICT, "False", "NoConflict", f"no foreign Secret named {copy}"
+    )
 
 
-def ready_condition(conditions: Iterable[Verdict | Condition]) -> Verdict:
+def ready_condition(conditions: Iterable[DecidedCondition | Condition]) -> DecidedCondition:
     """Ready: False with the first failing blocker, Unknown when only KubeVirt is unknown."""
     by_type = {c.type: c for c in conditions}
     for blocker in READY_BLOCKERS:
         failing = by_type.get(blocker)
         if failing is not None and failing.status == "True":
-            return Verdict(READY, "False", blocker, failing.message)
+            return DecidedCondition(READY, "False", blocker, failing.message)
     permission = by_type.get(RESOURCE_NAME_NOT_PERMITTED)
     if permission is not None and permission.status == "Unknown":
-        return Verdict(READY, "Unknown", "KubeVirtUnreadable", permission.message)
-    return Verdict(READY, "True", READY, "the class can serve VMs")
+        return DecidedCondition(READY, "Unknown", "KubeVirtUnreadable", permission.message)
+    return DecidedCondition(READY, "True", READY, "the class can serve VMs")
 
 
-def invalid_spec_condition(message: str) -> Verdict:
-    return Verdict(READY, "False", "InvalidSpec", message)
+def invalid_spec_condition(message: str) -> DecidedCondition:
+    return DecidedCondition(READY, "False", "InvalidSpec", message)
 
 
 def settle(
-    decided: Iterable[Verdict | Condition],
+    decided: Iterable[DecidedCondition | Condition],
     previous: Sequence[Condition],
     generation: int,
     now: datetime,

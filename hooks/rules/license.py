@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from hooks.rules.capacity import InvalidObject
+from hooks.rules.invalid import InvalidObject
 from hooks.wire.gpuclass import GRIDD_KEY, License
 from hooks.wire.kube import Namespace, Secret
 from hooks.wire.names import is_dns_label, is_dns_subdomain, is_label_value, namespaced_key

@@ -29,6 +29,11 @@ class Undecodable(ValueError):
     """Bytes that do not decode into the type asked for; `str()` is the problem, safe to show."""
 
 
+class Unreadable(Exception):
+    """An input of a hook could not be read (API error, timeout); `str()` says why, safe to show
+    to anyone."""
+
+
 @functools.cache
 def _decoder(type_: Hashable) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(type_)

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from hooks.controllers import status
-from hooks.rules.permission import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from hooks.wire.metacontroller import (

@@ -4,14 +4,14 @@ import pytest
 
 from hooks.rules.conditions import (
     ORDER,
-    Verdict,
+    DecidedCondition,
     advertised_condition,
     conflict_condition,
     ready_condition,
     rfc3339,
     settle,
 )
-from hooks.rules.permission import (
+from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
     KubeVirtUnreadable,
@@ -104,26 +104,29 @@ def test_resource_name_conflict_message_names_the_older_class() -> None:
 )
 def test_ready_false_with_first_failing_condition(failing: list[str], reason: str) -> None:
     verdicts = [
-        Verdict(t, "True" if t in failing else "False", "X", f"{t} says") for t in ORDER[:-1]
+        DecidedCondition(t, "True" if t in failing else "False", "X", f"{t} says")
+        for t in ORDER[:-1]
     ]
     ready = ready_condition(verdicts)
     assert (ready.status, ready.reason, ready.message) == ("False", reason, f"{reason} says")
 
 
 def test_license_copy_conflict_never_affects_ready() -> None:
-    verdicts = [Verdict(t, "False", "X") for t in ORDER[:-1]]
-    verdicts[-1] = Verdict("LicenseCopyConflict", "True", "ForeignSecret")
+    verdicts = [DecidedCondition(t, "False", "X") for t in ORDER[:-1]]
+    verdicts[-1] = DecidedCondition("LicenseCopyConflict", "True", "ForeignSecret")
     assert ready_condition(verdicts).status == "True"
 
 
 def test_ready_unknown_when_only_kubevirt_is_unknown() -> None:
-    verdicts = [Verdict("ResourceNameNotPermitted", "Unknown", "KubeVirtUnreadable", "why")]
+    verdicts = [
+        DecidedCondition("ResourceNameNotPermitted", "Unknown", "KubeVirtUnreadable", "why")
+    ]
     ready = ready_condition(verdicts)
     assert (ready.status, ready.reason) == ("Unknown", "KubeVirtUnreadable")
 
 
 def test_ready_true_otherwise() -> None:
-    ready = ready_condition([Verdict(t, "False", "X") for t in ORDER[:-1]])
+    ready = ready_condition([DecidedCondition(t, "False", "X") for t in ORDER[:-1]])
     assert (ready.status, ready.reason) == ("True", "Ready")
 
 
@@ -133,18 +136,22 @@ def test_new_transition_time_is_rfc3339_utc_with_seconds_and_z() -> None:
 
 def test_last_transition_time_kept_when_status_unchanged() -> None:
     previous = [condition("Ready", "True")]
-    [settled] = settle([Verdict("Ready", "True", "Ready", "new message")], previous, 2, NOW)
+    [settled] = settle(
+        [DecidedCondition("Ready", "True", "Ready", "new message")], previous, 2, NOW
+    )
     assert settled.last_transition_time == EARLIER
     assert (settled.message, settled.observed_generation) == ("new message", 2)
 
 
 def test_last_transition_time_moves_when_status_changes() -> None:
-    [settled] = settle([Verdict("Ready", "False", "X")], [condition("Ready", "True")], 1, NOW)
+    [settled] = settle(
+        [DecidedCondition("Ready", "False", "X")], [condition("Ready", "True")], 1, NOW
+    )
     assert settled.last_transition_time == "2026-11-30T12:00:00Z"
 
 
 def test_conditions_carry_parent_generation_and_fixed_order() -> None:
-    settled = settle([Verdict(t, "False", "X") for t in reversed(ORDER)], [], 7, NOW)
+    settled = settle([DecidedCondition(t, "False", "X") for t in reversed(ORDER)], [], 7, NOW)
     assert [c.type for c in settled] == list(ORDER)
     assert {c.observed_generation for c in settled} == {7}
 
@@ -154,7 +161,7 @@ def test_conditions_carry_parent_generation_and_fixed_order() -> None:
 
 def test_conditions_word_for_word() -> None:
     from hooks.rules.conditions import (
-        Verdict,
+        DecidedCondition,
         advertised_condition,
         conflict_condition,
         license_conflict_condition,
@@ -162,35 +169,37 @@ def test_conditions_word_for_word() -> None:
     )
     from hooks.rules.license import LicensePlan, SourceState
 
-    assert conflict_condition(GPU, None) == Verdict(
+    assert conflict_condition(GPU, None) == DecidedCondition(
         "ResourceNameConflict", "False", "NoConflict", f"no older class has {GPU}"
     )
-    assert advertised_condition(GPU, True) == Verdict(
+    assert advertised_condition(GPU, True) == DecidedCondition(
         "ResourceNotAdvertised", "False", "Advertised", f"nodes advertise {GPU}"
     )
-    assert advertised_condition(GPU, False) == Verdict(
+    assert advertised_condition(GPU, False) == DecidedCondition(
         "ResourceNotAdvertised",
         "True",
         "NoNodeAdvertises",
         f"no node lists {GPU} in status.capacity",
     )
     found = SourceState(True, "SecretFound", "license Secret a/b holds a token")
-    assert license_secret_condition(found) == Verdict(
+    assert license_secret_condition(found) == DecidedCondition(
         "LicenseSecretMissing", "False", "SecretFound", "license Secret a/b holds a token"
     )
 
-    def conflict(foreign: tuple[str, ...] = (), unmanaged: tuple[str, ...] = ()) -> Verdict:
+    def conflict(
+        foreign: tuple[str, ...] = (), unmanaged: tuple[str, ...] = ()
+    ) -> DecidedCondition:
         plan = LicensePlan(found, (), 0, foreign, unmanaged, (), ())
         return license_conflict_condition(plan, "gpuclass-l40s-license")
 
-    assert conflict() == Verdict(
+    assert conflict() == DecidedCondition(
         "LicenseCopyConflict",
         "False",
         "NoConflict",
         "no foreign Secret named gpuclass-l40s-license",
     )
     five = tuple(f"t{i}" for i in range(5))
-    assert conflict(unmanaged=five) == Verdict(
+    assert conflict(unmanaged=five) == DecidedCondition(
         "LicenseCopyConflict",
         "True",
         "UnmanagedCopy",
@@ -214,34 +223,34 @@ def test_transition_times_are_utc_whatever_the_clock_zone() -> None:
 
 
 def test_permission_and_ready_word_for_word() -> None:
-    from hooks.rules.conditions import Verdict, ready_condition
-    from hooks.rules.permission import KubeVirtAbsent, permission_condition
+    from hooks.rules.conditions import DecidedCondition, ready_condition
+    from hooks.rules.permitted_devices import KubeVirtAbsent, permission_condition
 
     permitted = permission_condition(GPU, kubevirt(pci=[GPU]), None, 1)
-    assert permitted == Verdict(
+    assert permitted == DecidedCondition(
         "ResourceNameNotPermitted",
         "False",
         "Permitted",
         f"{GPU} is in the permittedHostDevices of KubeVirt cozy-kubevirt/kubevirt",
     )
-    assert permission_condition(GPU, kubevirt(), None, 1) == Verdict(
+    assert permission_condition(GPU, kubevirt(), None, 1) == DecidedCondition(
         "ResourceNameNotPermitted",
         "True",
         "NotInPermittedHostDevices",
         f"{GPU} is in neither pciHostDevices nor mediatedDevices of the permittedHostDevices of "
         "KubeVirt cozy-kubevirt/kubevirt",
     )
-    assert permission_condition(GPU, KubeVirtAbsent("kv/kubevirt"), None, 1) == Verdict(
+    assert permission_condition(GPU, KubeVirtAbsent("kv/kubevirt"), None, 1) == DecidedCondition(
         "ResourceNameNotPermitted",
         "True",
         "KubeVirtNotFound",
         "KubeVirt kv/kubevirt does not exist",
     )
-    assert ready_condition([permitted]) == Verdict(
+    assert ready_condition([permitted]) == DecidedCondition(
         "Ready", "True", "Ready", "the class can serve VMs"
     )
     unknown = permission_condition(GPU, KubeVirtUnreadable("timed out"), None, 1)
-    assert ready_condition([unknown]) == Verdict(
+    assert ready_condition([unknown]) == DecidedCondition(
         "Ready", "Unknown", "KubeVirtUnreadable", "KubeVirt could not be read: timed out"
     )
 

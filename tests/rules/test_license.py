@@ -4,7 +4,7 @@ from typing import Any
 
 import msgspec
 
-from hooks.rules.capacity import InvalidObject
+from hooks.rules.invalid import InvalidObject
 from hooks.rules.license import LicensePlan, is_managed_copy, plan_license
 from hooks.wire.gpuclass import License
 from hooks.wire.kube import Namespace, Secret

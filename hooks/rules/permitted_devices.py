@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hooks.rules.conditions import RESOURCE_NAME_NOT_PERMITTED, Verdict
+from hooks.rules.conditions import RESOURCE_NAME_NOT_PERMITTED, DecidedCondition
 from hooks.wire.kube import Condition, KubeVirt
 
 
@@ -40,19 +40,19 @@ def permitted_resources(kubevirt: KubeVirt) -> frozenset[str]:
 
 def permission_condition(
     resource: str, view: KubeVirtView, previous: Condition | None, generation: int
-) -> Verdict | Condition:
+) -> DecidedCondition | Condition:
     """ResourceNameNotPermitted. When KubeVirt cannot be read, a previous condition of the current
     generation is kept exactly as it was (a flaky API server must not flap the class); without
     one the answer is Unknown."""
     if isinstance(view, KubeVirtFound):
         if resource in permitted_resources(view.kubevirt):
-            return Verdict(
+            return DecidedCondition(
                 RESOURCE_NAME_NOT_PERMITTED,
                 "False",
                 "Permitted",
                 f"{resource} is in the permittedHostDevices of KubeVirt {view.location}",
             )
-        return Verdict(
+        return DecidedCondition(
             RESOURCE_NAME_NOT_PERMITTED,
             "True",
             "NotInPermittedHostDevices",
@@ -60,7 +60,7 @@ def permission_condition(
             f"permittedHostDevices of KubeVirt {view.location}",
         )
     if isinstance(view, KubeVirtAbsent):
-        return Verdict(
+        return DecidedCondition(
             RESOURCE_NAME_NOT_PERMITTED,
             "True",
             "KubeVirtNotFound",
@@ -68,7 +68,7 @@ def permission_condition(
         )
     if previous is not None and previous.observed_generation == generation:
         return previous
-    return Verdict(
+    return DecidedCondition(
         RESOURCE_NAME_NOT_PERMITTED,
         "Unknown",
         "KubeVirtUnreadable",
