@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint tools lock fuzz bench bench-load bench-admission mutate clean
+.PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -21,6 +21,10 @@ lock: $(BIN)/gpuclass-hooks
 	$(LOCK) --output-file requirements.lock
 	$(LOCK) --extra test --output-file requirements-test.lock
 
+# The README's settings table is made from hooks/settings.py; a test fails until it is current.
+settings-table: $(BIN)/gpuclass-hooks
+	$(BIN)/python -m hooks.settings
+
 run: $(BIN)/gpuclass-hooks
 	$(BIN)/gpuclass-hooks serve --bind 127.0.0.1:8080
 
@@ -36,9 +40,15 @@ lint: $(BIN)/gpuclass-hooks
 	$(BIN)/ruff check hooks tests bench fuzz mutation
 	$(BIN)/ruff format --check hooks tests bench fuzz mutation
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 test: lint tools
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest
+
+# The quick tier: everything but the tests that need the Go-built tools or start gunicorn (no Go
+# needed). `make test` still runs all of them, and CI refuses skips.
+unit: $(BIN)/gpuclass-hooks
+	$(BIN)/pytest -q -m "not tools and not live"
 
 # Speed and memory on generated clusters. SIZES=S,M,L for the full run (a few minutes, ~6 GB).
 SIZES ?= S,M

@@ -37,9 +37,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Literal, NoReturn, cast
 
-from hooks.http import Answer, FailedElsewhere
+from hooks.answer import Answer, FailedElsewhere
 from hooks.routes import Hook, Service
-from hooks.rules.permission import KubeVirtView
+from hooks.rules.permitted_devices import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.problems import BadRequest
 
@@ -51,8 +51,11 @@ CHILD_NICENESS = 10
 # computing by then is stuck, and its reservation of the memory budget must be given back.
 DEADLINE_SECONDS = 60.0
 
+# What the fork server imports before it forks a child: this module and the handlers it reaches,
+# which keep Flask, prometheus-client and requests out (checked by the import contracts).
+PRELOADED = (__name__,)
 _CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload([__name__])
+_CONTEXT.set_forkserver_preload(list(PRELOADED))
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from flask import Flask, Response, g, request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from hooks import apart, http
+from hooks.answer import Answer
 from hooks.auth import TokenFile
 from hooks.controllers.budget import BudgetInputs
-from hooks.http import Answer
 from hooks.kubeapi.budget import BudgetReader
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget, memory_budget
@@ -116,7 +115,8 @@ def create_app(
 
     @app.get("/metrics")
     def metrics_route() -> Response:
-        return Response(generate_latest(exported.registry), mimetype=CONTENT_TYPE_LATEST)
+        payload, content_type = exported.exposition()
+        return Response(payload, content_type=content_type)
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -11,17 +11,17 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 from flask import Response, g, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
 
+from hooks.answer import Answer, FailedElsewhere
 from hooks.logs import log
 from hooks.memory import Admitted, MemoryBudget, NeverFits
-from hooks.metrics import Metrics, SyncOutcome
+from hooks.metrics import Metrics
 from hooks.wire.problems import BadRequest
 
 JSON = "application/json"
@@ -34,29 +34,6 @@ SKIPPED_NAMED = 20
 # that the per-piece cost vanishes, small enough that copying one holds the interpreter lock for
 # a fraction of a millisecond (small calls answered meanwhile wait for it).
 CHUNK_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What a hook answers: the payload, the fields of its log line, the objects it skipped
-    because they did not decode (named in one warning, with `about` saying where), and for a sync
-    the outcome its metrics record."""
-
-    payload: bytes
-    facts: dict[str, Any]
-    skipped: Sequence[str] = ()
-    about: dict[str, str] = field(default_factory=dict)
-    outcome: SyncOutcome | None = None
-
-
-class FailedElsewhere(Exception):
-    """An unexpected error where its traceback cannot follow (in another process): its type and
-    last frames, which is all the serving process logs of any unexpected error."""
-
-    def __init__(self, error_type: str, frames: list[str]) -> None:
-        super().__init__(error_type)
-        self.error_type = error_type
-        self.frames = frames
 
 
 class ServiceState:
@@ -150,8 +127,8 @@ def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Respon
                 objects=list(result.skipped[:SKIPPED_NAMED]),
                 count=len(result.skipped),
             )
-        if result.outcome is not None:
-            metrics.record_sync(result.outcome)
+        if result.observation is not None:
+            metrics.record(result.observation)
         fields.update(result.facts)
         response = json_response(result.payload)
     if "body_bytes" in g:

@@ -13,12 +13,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hooks.controllers.license import LicenseOutcome
-from hooks.controllers.status import StatusOutcome
+from hooks.answer import ClassStatusObserved, LicenseCopiesObserved, Observation
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
 from hooks.rules.capacity import Capacity
@@ -26,12 +32,9 @@ from hooks.wire.kube import Condition
 
 STATUS_RESYNC_SECONDS = 60
 STALE_AFTER_SECONDS = 3 * STATUS_RESYNC_SECONDS
-BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # 1 KiB .. 1 GiB
+BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
-# What a sync hook's answer carries for the metrics (recorded where the answer is sent, so that
-# a sync computed in another process is recorded all the same).
-SyncOutcome = StatusOutcome | LicenseOutcome
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,10 @@ class Metrics:
             registry=self.registry,
         )
 
+    def exposition(self) -> tuple[bytes, str]:
+        """What a scrape gets: every series in the text format, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
     def watch_memory(self, budget: MemoryBudget | None) -> None:
         """Export the budget, and read what is reserved and waiting at each scrape."""
         self.memory_budget.set(budget.budget_bytes if budget is not None else 0)
@@ -219,35 +226,37 @@ class Metrics:
             self.memory_reserved.set_function(lambda: budget.reserved_bytes)
             self.memory_waiting.set_function(lambda: budget.waiting)
 
-    def record_sync(self, outcome: SyncOutcome) -> None:
-        if isinstance(outcome, StatusOutcome):
-            self._record_status(outcome)
+    def record(self, observation: Observation) -> None:
+        """A sync's observation, recorded where its answer is sent (so that a sync computed in
+        another process is recorded all the same)."""
+        if isinstance(observation, ClassStatusObserved):
+            self._record_status(observation)
         else:
-            self._record_license(outcome)
+            self._record_license(observation)
 
-    def _record_status(self, outcome: StatusOutcome) -> None:
+    def _record_status(self, observed: ClassStatusObserved) -> None:
         """A status sync: forget deleted classes, and keep this class's computation."""
-        if outcome.known_classes is not None:
-            self.classes.retain_only(outcome.known_classes)
-        if outcome.conditions:
+        if observed.known_classes is not None:
+            self.classes.retain_only(observed.known_classes)
+        if observed.conditions:
             self.classes.record(
-                outcome.class_name,
+                observed.class_name,
                 ClassSample(
-                    resource=outcome.resource,
-                    capacity=outcome.capacity if outcome.exports_inventory else None,
-                    free=outcome.free,
-                    max_free_per_node=outcome.max_free_per_node,
-                    conditions=outcome.conditions,
+                    resource=observed.resource,
+                    capacity=observed.capacity,
+                    free=observed.free,
+                    max_free_per_node=observed.max_free_per_node,
+                    conditions=observed.conditions,
                     computed_at=self.classes.now(),
                 ),
             )
 
-    def _record_license(self, outcome: LicenseOutcome) -> None:
+    def _record_license(self, observed: LicenseCopiesObserved) -> None:
         """A license sync: its copies, or no series for a class that holds no license."""
-        if outcome.plan is not None:
-            self.classes.record_license(outcome.class_name, len(outcome.plan.copies))
-        elif outcome.outcome in ("unlicensed", "disabled"):
-            self.classes.forget_license(outcome.class_name)
+        if observed.copies is None:
+            self.classes.forget_license(observed.class_name)
+        else:
+            self.classes.record_license(observed.class_name, observed.copies)
 
     def record_kubevirt_read(self, outcome: ReadOutcome) -> None:
         self.kubevirt_reads.labels(outcome=outcome).inc()

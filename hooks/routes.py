@@ -16,12 +16,12 @@ from typing import Literal
 
 import msgspec
 
+from hooks.answer import Answer, ClassStatusObserved, LicenseCopiesObserved, Observation
 from hooks.controllers import budget, license, status
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
-from hooks.http import Answer
-from hooks.rules.permission import KubeVirtView
+from hooks.rules.permitted_devices import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
@@ -73,14 +73,34 @@ class Hook:
 
 def _sync_answer(outcome: StatusOutcome | LicenseOutcome) -> Answer:
     """A sync's answer: its log line names the class, and so does the warning of what it skipped;
-    its metrics are recorded from the outcome when it is sent."""
+    its metrics are recorded from its observation when it is sent."""
     return Answer(
         encode(outcome.response),
         {"class": outcome.class_name, "outcome": outcome.outcome, **outcome.counts},
         skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
         about={"class": outcome.class_name},
-        outcome=outcome,
+        observation=_observed(outcome),
     )
+
+
+def _observed(outcome: StatusOutcome | LicenseOutcome) -> Observation | None:
+    """What the metrics record of a sync: a class's status, or its license copies (none for a
+    class that holds no license, nothing when the sync could not tell)."""
+    if isinstance(outcome, StatusOutcome):
+        return ClassStatusObserved(
+            class_name=outcome.class_name,
+            known_classes=outcome.known_classes,
+            resource=outcome.resource,
+            capacity=outcome.capacity if outcome.exports_inventory else None,
+            free=outcome.free,
+            max_free_per_node=outcome.max_free_per_node,
+            conditions=outcome.conditions,
+        )
+    if outcome.plan is not None:
+        return LicenseCopiesObserved(outcome.class_name, len(outcome.plan.copies))
+    if outcome.outcome in ("unlicensed", "disabled"):
+        return LicenseCopiesObserved(outcome.class_name, None)
+    return None
 
 
 def status_customize(service: Service, body: bytes) -> Answer:

@@ -11,6 +11,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,11 +22,12 @@ import pytest
 from werkzeug.exceptions import ClientDisconnected
 
 from hooks import apart
+from hooks.answer import Answer, FailedElsewhere
 from hooks.app import create_app
-from hooks.http import CHUNK_BYTES, Answer, FailedElsewhere
+from hooks.http import CHUNK_BYTES
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget
 from hooks.routes import HOOKS, Hook, Service
-from hooks.rules.permission import KubeVirtAbsent, KubeVirtView
+from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.settings import Settings
 from tests.builders import admission_review, example_of
 
@@ -298,3 +301,19 @@ def niceness(service: Service, body: bytes) -> Answer:
 def test_children_run_below_the_serving_process(settings: Settings) -> None:
     answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2)
     assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS
+
+
+def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None:
+    """The fork server preloads `hooks.apart`, and every child starts from what it imported: a
+    web framework, the metrics or an HTTP client there is memory every large call pays for."""
+    heavy = ("flask", "werkzeug", "prometheus_client", "requests", "gunicorn")
+    script = (
+        "import sys, hooks.apart; "
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules) or 'none')"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "none"
+    assert apart.__name__ in apart.PRELOADED

@@ -1,0 +1,65 @@
+"""What a hook's handler gives back, wherever it ran: the payload, the facts of its log line, what
+it skipped, and what its metrics record.
+
+Kept apart from Flask, prometheus-client and requests: a large call is computed in a child of the
+fork server (`hooks.apart`), which imports the handlers and this module and none of those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hooks.rules.capacity import Capacity
+from hooks.wire.kube import Condition
+
+
+@dataclass(frozen=True)
+class ClassStatusObserved:
+    """A status sync as the metrics see it: the class's computation, and every class the sync
+    saw (None when the request did not say), so that deleted classes are forgotten. `capacity`
+    is None for a class that exports no inventory; no conditions means nothing to record."""
+
+    class_name: str
+    known_classes: tuple[str, ...] | None
+    resource: str | None
+    capacity: Capacity | None
+    free: int
+    max_free_per_node: int
+    conditions: tuple[Condition, ...]
+
+
+@dataclass(frozen=True)
+class LicenseCopiesObserved:
+    """A license sync as the metrics see it: the copies it keeps, or None for a class that holds
+    no license (its series goes)."""
+
+    class_name: str
+    copies: int | None
+
+
+Observation = ClassStatusObserved | LicenseCopiesObserved
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a hook answers: the payload, the fields of its log line, the objects it skipped
+    because they did not decode (named in one warning, with `about` saying where), and for a sync
+    what its metrics record."""
+
+    payload: bytes
+    facts: dict[str, Any]
+    skipped: Sequence[str] = ()
+    about: dict[str, str] = field(default_factory=dict)
+    observation: Observation | None = None
+
+
+class FailedElsewhere(Exception):
+    """An unexpected error where its traceback cannot follow (in another process): its type and
+    last frames, which is all the serving process logs of any unexpected error."""
+
+    def __init__(self, error_type: str, frames: list[str]) -> None:
+        super().__init__(error_type)
+        self.error_type = error_type
+        self.frames = frames
