@@ -2,7 +2,7 @@
 
 The arithmetic is that of Cozystack's tenant quota pools, so that a later pool-wide gate can take
 over without changing any verdict. Plain values in, a verdict out; reading the cluster is the
-edge's job (`hooks.budgets`). What the gate must keep true, after any sequence of admitted
+edge's job (`hooks.kubeapi.budget`). What the gate must keep true, after any sequence of admitted
 operations that starts from a consistent tree, is the pool invariant: for every pool P and budget
 key K it declares, the reservations of P's members plus the carve-outs of the bounded tenants in P
 stay within P's budget for K.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import chain
 
 from hooks.rules.classes import ClassIdentity, age_key
 from hooks.rules.quantity import QuantityError, parse_units
@@ -126,7 +127,7 @@ class Tenant:
 
     @property
     def bounded(self) -> bool:
-        """Rule 1: a tenant is bounded when it declares anything at all. One that could not be
+        """Bounded: a tenant is bounded when it declares anything at all. One that could not be
         read counts as bounded, so that every verdict whose arithmetic it could change reads it
         (and fails closed) instead of silently passing it by."""
         return bool(self.declaration) or self.unreadable is not None
@@ -162,8 +163,8 @@ class App:
 
 @dataclass(frozen=True)
 class Tenancy:
-    """Every Tenant and app of the cluster, from one read: declarations and reservations are never
-    cached, because the gate itself admits declarations and apps."""
+    """The Tenants and apps a review read (its pool's, never the whole cluster's): declarations and
+    reservations are never cached, because the gate itself admits declarations and apps."""
 
     tenants: tuple[Tenant, ...] = ()
     apps: tuple[App, ...] = ()
@@ -275,7 +276,8 @@ class FailedClosed(Exception):
 
 
 class Pools:
-    """The pools of bounded tenants (rules 2 to 5) over one snapshot of tenants and apps."""
+    """The pools of bounded tenants (pool roots, members, carve-outs, budgets) over the tenants
+    and apps a review read."""
 
     def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
         tenants = tuple(tenants)
@@ -285,7 +287,7 @@ class Pools:
         self.apps = tuple(apps)
 
     def root(self, namespace: str | None) -> str | None:
-        """Rule 2: the first bounded tenant namespace walking up from the namespace."""
+        """Pool root: the first bounded tenant namespace walking up from the namespace."""
         while namespace is not None:
             if namespace in self.bounded:
                 return namespace
@@ -296,9 +298,9 @@ class Pools:
         return self.bounded[root]
 
     def carving(self, root: str) -> list[Tenant]:
-        """Rule 4: the bounded tenants that carve their whole declaration out of this pool, wherever
-        inside it they are declared. The root tenant owns `tenant-root` and has no parent: it is
-        never a sub-tenant of itself."""
+        """Carve-outs: the bounded tenants that carve their whole declaration out of this pool,
+        wherever inside it they are declared. The root tenant owns `tenant-root` and has no
+        parent: it is never a sub-tenant of itself."""
         return [
             tenant
             for namespace, tenant in self.bounded.items()
@@ -309,14 +311,14 @@ class Pools:
         return sum(tenant.units(key) for tenant in self.carving(root))
 
     def members(self, root: str) -> list[App]:
-        """Rule 3: the apps of every namespace whose pool root is this one."""
+        """Members: the apps of every namespace whose pool root is this one."""
         return [app for app in self.apps if self.root(app.namespace) == root]
 
     def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
         return sum(reservation(app, classes).get(key) for app in self.members(root))
 
     def budget(self, root: str) -> dict[str, int]:
-        """Rule 3: each bounded tenant is a pool whose budget is its declaration (budget keys)."""
+        """Budget: each bounded tenant is a pool whose budget is its declaration (budget keys)."""
         tenant = self.tenant(root)
         return {key: tenant.units(key) for key in tenant.declaration if is_budget_key(key)}
 
@@ -379,7 +381,8 @@ def check_app(
     tenants: Iterable[Tenant],
     classes: Iterable[ClassIdentity],
 ) -> Verdict:
-    """Rules 6 and 7 for a VMInstance or KubernetesNodes create (old None) or update.
+    """The app check (`APP_RULES`) for a VMInstance or KubernetesNodes create (old None) or
+    update.
 
     The pool's reservations count every app of every member namespace, the app under review with
     its new value and not its old one. Only growth is checked: a key whose reservation does not
@@ -391,6 +394,69 @@ def check_app(
     return _decided(lambda: _app_verdict(new, old, pools, classes), tenants, others)
 
 
+@dataclass(frozen=True)
+class AppReview:
+    """What the app rules read: the app under review, its old value, its pool and the classes."""
+
+    new: App
+    old: App | None
+    pools: Pools
+    root: str
+    classes: tuple[ClassIdentity, ...]
+
+    @property
+    def wanted(self) -> Reservation:
+        return reservation(self.new, self.classes)
+
+    @property
+    def before(self) -> Reservation:
+        return reservation(self.old, self.classes)
+
+
+def no_unmapped_devices_escape(review: AppReview) -> Verdict | None:
+    """Entries that map to no class are refused in a pool that declares any GPU budget key, when
+    they grow: such a device would escape the budget."""
+    wanted, before = review.wanted, review.before
+    if wanted.unmapped_devices > before.unmapped_devices and review.pools.budget(review.root):
+        names = ", ".join(sorted(wanted.unmapped))
+        return Verdict(
+            False,
+            f"gpus entries {names} map to no GPUClass, and the pool of "
+            f"{review.pools.name(review.root)} declares a GPU budget: such a device would escape "
+            "it. Use the resourceName of a GPUClass.",
+        )
+    return None
+
+
+def app_fits_its_pool(review: AppReview) -> Verdict | None:
+    """Within the pool: every key that grows fits what the pool has left; keys the pool does not
+    declare are unbounded."""
+    pools, root, new = review.pools, review.root, review.new
+    wanted, before = review.wanted, review.before
+    budget = pools.budget(root)
+    for key in sorted(wanted.keys):
+        if key not in budget or wanted.get(key) <= before.get(key):
+            continue
+        carved = pools.carved_out(root, key)
+        reserved = pools.reserved(root, key, review.classes)
+        if reserved + carved + wanted.get(key) > budget[key]:
+            left = max(budget[key] - carved - reserved, 0)
+            return Verdict(
+                False,
+                f"{key}: this {new.kind} needs {wanted.get(key)}, the pool of "
+                f"{pools.name(root)} has {left} left (budget {budget[key]}, {carved} carved out "
+                f"for sub-tenants, {reserved} reserved by other apps)",
+            )
+    return None
+
+
+# The app check's rules, in the order they are tried: the first denial is the verdict.
+APP_RULES: tuple[Callable[[AppReview], Verdict | None], ...] = (
+    no_unmapped_devices_escape,
+    app_fits_its_pool,
+)
+
+
 def _app_verdict(
     new: App, old: App | None, pools: Pools, classes: tuple[ClassIdentity, ...]
 ) -> Verdict:
@@ -398,30 +464,13 @@ def _app_verdict(
     if root is None:
         return ALLOWED
     pools.require_readable(root)
-    wanted, before = reservation(new, classes), reservation(old, classes)
-    pool = pools.name(root)
-    budget = pools.budget(root)
-    if wanted.unmapped_devices > before.unmapped_devices and budget:
-        names = ", ".join(sorted(wanted.unmapped))
-        return Verdict(
-            False,
-            f"gpus entries {names} map to no GPUClass, and the pool of {pool} declares a GPU "
-            "budget: such a device would escape it. Use the resourceName of a GPUClass.",
-        )
-    for key in sorted(wanted.keys):
-        if key not in budget or wanted.get(key) <= before.get(key):
-            continue
-        carved = pools.carved_out(root, key)
-        reserved = pools.reserved(root, key, classes)
-        if reserved + carved + wanted.get(key) > budget[key]:
-            left = max(budget[key] - carved - reserved, 0)
-            return Verdict(
-                False,
-                f"{key}: this {new.kind} needs {wanted.get(key)}, the pool of {pool} has {left} "
-                f"left (budget {budget[key]}, {carved} carved out for sub-tenants, {reserved} "
-                "reserved by other apps)",
-            )
-    return ALLOWED
+    review = AppReview(new, old, pools, root, classes)
+    return _first_denial(rule(review) for rule in APP_RULES)
+
+
+def _first_denial(verdicts: Iterable[Verdict | None]) -> Verdict:
+    """The first denial of rules tried in order (later rules are not run), else allowed."""
+    return next((v for v in verdicts if v is not None), ALLOWED)
 
 
 def check_declaration(
@@ -461,6 +510,148 @@ def declaration_refused(new: Tenant) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class DeclarationReview:
+    """What the declaration gate's rules read: the tenant under review and its old value, the
+    pools with the new value in place, P (the pool the tenant carves out of, None outside every
+    pool) and the classes."""
+
+    new: Tenant
+    old: Tenant | None
+    pools: Pools
+    pool: str | None
+    classes: tuple[ClassIdentity, ...]
+
+    @property
+    def own(self) -> str:
+        """The tenant's own namespace (the tenant under review always has a name)."""
+        own = self.new.namespace
+        if own is None:
+            raise FailedClosed(f"tenant in {self.new.release_namespace} has no name")
+        return own
+
+    @property
+    def budget(self) -> dict[str, int]:
+        return self.pools.budget(self.pool) if self.pool is not None else {}
+
+    @property
+    def was_bounded(self) -> bool:
+        return self.old is not None and self.old.bounded
+
+    def previous(self, key: str) -> int:
+        return self.old.units(key) if self.old is not None else 0
+
+    def newly_declares(self, key: str) -> bool:
+        return self.old is None or not self.old.declares(key)
+
+    def lowers(self, key: str) -> bool:
+        return self.new.units(key) < self.previous(key)
+
+
+def must_declare_pool_keys(review: DeclarationReview) -> Verdict | None:
+    """Must-declare: a tenant becoming bounded inside a pool with a GPU budget forms a pool of its
+    own, unbounded for every GPU key it leaves out."""
+    new, pool = review.new, review.pool
+    if pool is None or not new.bounded or review.was_bounded:
+        return None
+    missing = sorted(set(review.budget) - {k for k in new.declaration if is_budget_key(k)})
+    if not missing:
+        return None
+    return Verdict(
+        False,
+        f"tenant {new.name} declares a quota inside the pool of {review.pools.name(pool)}, "
+        f"which has a GPU budget: declare {', '.join(missing)} too (0 is allowed), "
+        "or it would escape that budget",
+    )
+
+
+def keeps_pool_keys(review: DeclarationReview) -> Verdict | None:
+    """A bounded tenant keeps every budget key of its pool that it validly declared; becoming
+    unbounded altogether returns its whole sub-tree to the pool and is allowed."""
+    new, old, pool = review.new, review.old, review.pool
+    if pool is None or not new.bounded or not review.was_bounded or old is None:
+        return None
+    dropped = sorted(k for k in review.budget if old.declares(k) and k not in new.declaration)
+    if not dropped:
+        return None
+    return Verdict(
+        False,
+        f"{dropped[0]}: tenant {new.name} keeps a quota inside the pool of "
+        f"{review.pools.name(pool)}, which declares this key: dropping it would let the "
+        "tenant escape that budget; declare the number it needs (0 is allowed)",
+    )
+
+
+def key_fits_pool(review: DeclarationReview, key: str) -> Verdict | None:
+    """Growth fits P: P's budget less every other carve-out and P's members' reservations."""
+    new, pools, pool = review.new, review.pools, review.pool
+    budget = review.budget
+    if pool is None or key not in budget or new.units(key) <= review.previous(key):
+        return None
+    carved = pools.carved_out(pool, key) - new.units(key)
+    reserved = pools.reserved(pool, key, review.classes)
+    limit = budget[key] - carved - reserved
+    if new.units(key) <= limit:
+        return None
+    return Verdict(
+        False,
+        f"{key}: tenant {new.name} declares {new.units(key)}, the pool of "
+        f"{pools.name(pool)} can give {max(limit, 0)} (budget {budget[key]}, "
+        f"{carved} carved out for other sub-tenants, {reserved} reserved by apps)",
+    )
+
+
+def sub_tenants_declare_key(review: DeclarationReview, key: str) -> Verdict | None:
+    """The mirror of must-declare: a tenant that starts bounding a key may not hold bounded
+    sub-tenants that leave it out, whose sub-trees would be unbounded for it."""
+    if not review.newly_declares(key):
+        return None
+    own, pools = review.own, review.pools
+    pools.require_readable(own)
+    leaving_out = sorted(t.namespace or "" for t in pools.carving(own) if not t.declares(key))
+    if not leaving_out:
+        return None
+    return Verdict(
+        False,
+        f"{key}: tenant {review.new.name} declares this key, but its sub-tenant "
+        f"{pools.tenant(leaving_out[0]).name} ({leaving_out[0]}) does not and would "
+        "escape it: declare it there first (0 is allowed)",
+    )
+
+
+def holds_what_is_inside(review: DeclarationReview, key: str) -> Verdict | None:
+    """The floor: a new or lowered declaration still holds what is already held inside the
+    tenant, or the devices its pool would give back to P are still in use."""
+    if not (review.newly_declares(key) or review.lowers(key)):
+        return None
+    own, pools, new = review.own, review.pools, review.new
+    pools.require_readable(own)
+    carved = pools.carved_out(own, key)
+    reserved = pools.reserved(own, key, review.classes)
+    if carved + reserved <= new.units(key):
+        return None
+    return Verdict(
+        False,
+        f"{key}: tenant {new.name} declares {new.units(key)}, but {carved + reserved} "
+        f"are held inside it already ({carved} carved out for its sub-tenants, "
+        f"{reserved} reserved by apps): release those first",
+    )
+
+
+# The declaration gate's rules, in the order they are tried: first those over the whole
+# declaration, then, key by key in sorted order, those over one budget key. The first denial is
+# the verdict.
+TENANT_RULES: tuple[Callable[[DeclarationReview], Verdict | None], ...] = (
+    must_declare_pool_keys,
+    keeps_pool_keys,
+)
+KEY_RULES: tuple[Callable[[DeclarationReview, str], Verdict | None], ...] = (
+    key_fits_pool,
+    sub_tenants_declare_key,
+    holds_what_is_inside,
+)
+
+
 def _gate(
     new: Tenant,
     old: Tenant | None,
@@ -469,76 +660,15 @@ def _gate(
     classes: tuple[ClassIdentity, ...],
 ) -> Verdict:
     if pool is not None:
-        pools.require_readable(pool)  # every step below reads P's budget or arithmetic
-    budget = pools.budget(pool) if pool is not None else {}
-    was_bounded = old is not None and old.bounded
+        pools.require_readable(pool)  # every rule below reads P's budget or arithmetic
+    review = DeclarationReview(new, old, pools, pool, classes)
     keys = sorted(k for k in new.declaration if is_budget_key(k))
-    if pool is not None and new.bounded:
-        # Must-declare: becoming bounded forms a pool of its own, unbounded for every GPU key it
-        # leaves out. Once bounded, the tenant keeps every budget key it validly declared.
-        if not was_bounded:
-            missing = sorted(set(budget) - set(keys))
-            if missing:
-                return Verdict(
-                    False,
-                    f"tenant {new.name} declares a quota inside the pool of {pools.name(pool)}, "
-                    f"which has a GPU budget: declare {', '.join(missing)} too (0 is allowed), "
-                    "or it would escape that budget",
-                )
-        elif old is not None:
-            dropped = sorted(k for k in budget if old.declares(k) and k not in new.declaration)
-            if dropped:
-                return Verdict(
-                    False,
-                    f"{dropped[0]}: tenant {new.name} keeps a quota inside the pool of "
-                    f"{pools.name(pool)}, which declares this key: dropping it would let the "
-                    "tenant escape that budget; declare the number it needs (0 is allowed)",
-                )
-    own = new.namespace
-    assert own is not None  # the tenant under review always has a name
-    for key in keys:
-        previous = old.units(key) if old is not None else 0
-        grows = new.units(key) > previous
-        if pool is not None and key in budget and grows:
-            carved = pools.carved_out(pool, key) - new.units(key)
-            reserved = pools.reserved(pool, key, classes)
-            limit = budget[key] - carved - reserved
-            if new.units(key) > limit:
-                return Verdict(
-                    False,
-                    f"{key}: tenant {new.name} declares {new.units(key)}, the pool of "
-                    f"{pools.name(pool)} can give {max(limit, 0)} (budget {budget[key]}, "
-                    f"{carved} carved out for other sub-tenants, {reserved} reserved by apps)",
-                )
-        newly = old is None or not old.declares(key)
-        if newly or new.units(key) < previous:
-            pools.require_readable(own)
-        if newly:
-            # The mirror of must-declare: a pool that starts bounding a key may not hold bounded
-            # sub-tenants that leave it out, whose sub-trees would be unbounded for it.
-            leaving_out = sorted(
-                t.namespace or "" for t in pools.carving(own) if not t.declares(key)
-            )
-            if leaving_out:
-                return Verdict(
-                    False,
-                    f"{key}: tenant {new.name} declares this key, but its sub-tenant "
-                    f"{pools.tenant(leaving_out[0]).name} ({leaving_out[0]}) does not and would "
-                    "escape it: declare it there first (0 is allowed)",
-                )
-        if newly or new.units(key) < previous:
-            # The floor: what is already held inside the tenant must fit its new declaration,
-            # or the devices its pool would give back to P are still in use.
-            carved = pools.carved_out(own, key)
-            reserved = pools.reserved(own, key, classes)
-            if carved + reserved > new.units(key):
-                return Verdict(
-                    False,
-                    f"{key}: tenant {new.name} declares {new.units(key)}, but {carved + reserved} "
-                    f"are held inside it already ({carved} carved out for its sub-tenants, "
-                    f"{reserved} reserved by apps): release those first",
-                )
-    return ALLOWED
+    return _first_denial(
+        chain(
+            (rule(review) for rule in TENANT_RULES),
+            (rule(review, key) for key in keys for rule in KEY_RULES),
+        )
+    )
 
 
 def declaration_needs_input(new: Tenant, old: Tenant | None) -> bool:
