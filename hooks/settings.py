@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -14,43 +14,178 @@ from hooks.wire.metacontroller import LabelSelector
 from hooks.wire.names import DNS_LABEL_PATTERN, is_dns_label
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+ENV_PREFIX = "GPUCLASS_"
+
+
+def setting(
+    default: Any,
+    description: str,
+    *,
+    chart: str | None = None,
+    not_in_chart: str | None = None,
+    shown: str | None = None,
+    **constraints: Any,
+) -> Any:
+    """A setting, declared once: its default, what it means (the README's settings table is
+    generated from it), and either the chart value it follows (`chart`, a dotted path in
+    values.yaml that the Deployment turns into this variable) or why the chart deliberately sets
+    nothing (`not_in_chart`). `shown` is how the default reads where the value alone says too
+    little."""
+    if (chart is None) == (not_in_chart is None):
+        raise TypeError("a setting names its chart value or says why it has none")
+    return Field(
+        default,
+        description=description,
+        json_schema_extra={"chart": chart, "not_in_chart": not_in_chart, "shown": shown},
+        **constraints,
+    )
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GPUCLASS_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
-    enabled: bool = True
-    kubevirt_namespace: Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)] = (
-        "cozy-kubevirt"
+    enabled: bool = setting(
+        True,
+        'GPU features on or off. Off: `/status/sync` answers `{"status": {}, "children": []}` '
+        "(computed status cleared) and `/status/customize` asks for no Nodes or Pods.",
+        chart="gpu.enabled",
     )
-    kubevirt_name: Annotated[str, Field(min_length=1, max_length=253)] = "kubevirt"
-    node_selector: str = ""
-    pod_selector: str = ""
-    kube_api: str | None = None
-    kube_token_file: Path = SERVICE_ACCOUNT / "token"
-    kube_ca_file: Path = SERVICE_ACCOUNT / "ca.crt"
-    kube_timeout_seconds: Annotated[float, Field(gt=0, le=30)] = 3.0
-    kubevirt_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
-    vgpu_namespace_label: Annotated[str, Field(min_length=1, max_length=317)] = (
-        "namespace.cozystack.io/vgpu"
+    kubevirt_namespace: str = setting(
+        "cozy-kubevirt",
+        "namespace of the KubeVirt CR",
+        chart="kubevirt.namespace",
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
     )
-    license_namespaces: Annotated[tuple[str, ...], NoDecode] = ("cozy-gpu-operator",)
-    auth_token_file: Path | None = None
-    metrics_require_auth: bool = False
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
-    # Above the largest cluster the benchmark generates (2,000 nodes, 60,000 pods: ~540 MB).
-    max_body_bytes: Annotated[int, Field(ge=1024)] = 1024**3
-    shutdown_delay_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
-    admission_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 5.0
-    # The memory budget for request bodies in flight (hooks.memory). Unset: derived from the
-    # container's memory limit (memory_limit_bytes, which the chart passes through the downward
-    # API, else the cgroup's); no limit, no budget. 0 turns it off.
-    memory_budget_bytes: Annotated[int, Field(ge=0)] | None = None
-    memory_limit_bytes: Annotated[int, Field(gt=0)] | None = None
-    # How long a call waits for the budget; below Metacontroller's hook timeout (30 s in the chart).
-    memory_wait_seconds: Annotated[float, Field(gt=0, le=60)] = 20.0
+    kubevirt_name: str = setting(
+        "kubevirt", "name of the KubeVirt CR", chart="kubevirt.name", min_length=1, max_length=253
+    )
+    node_selector: str = setting(
+        "",
+        "label selector in kubectl syntax (`a=b,c!=d,e in (x,y),f,!g`) for the Nodes "
+        "Metacontroller sends",
+        chart="selectors.nodes",
+        shown="empty (all)",
+    )
+    pod_selector: str = setting(
+        "", "the same for Pods", chart="selectors.pods", shown="empty (all)"
+    )
+    kube_api: str | None = setting(
+        None,
+        "API server base URL, for the KubeVirt read and the budget webhook's reads",
+        not_in_chart="in a pod the service account's in-cluster address is right",
+        shown="in-cluster (`https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`)",
+    )
+    kube_token_file: Path = setting(
+        SERVICE_ACCOUNT / "token",
+        "bearer token, re-read on every read (it rotates); no file, no header",
+        not_in_chart="the service account's projected token",
+    )
+    kube_ca_file: Path = setting(
+        SERVICE_ACCOUNT / "ca.crt",
+        "CA of the API server; plain `http://` URLs need none",
+        not_in_chart="the service account's CA",
+    )
+    kube_timeout_seconds: float = setting(
+        3.0,
+        "timeout of each API read",
+        not_in_chart="a property of the API server, not of the install",
+        gt=0,
+        le=30,
+    )
+    kubevirt_cache_seconds: float = setting(
+        5.0,
+        "how long one KubeVirt read answers every class sync (failures included)",
+        not_in_chart="short next to the status resync; nothing to tune per install",
+        ge=0,
+        le=60,
+    )
+    vgpu_namespace_label: str = setting(
+        "namespace.cozystack.io/vgpu",
+        'a namespace is entitled to license copies when this label\'s value is exactly `"true"`',
+        chart="license.namespaceLabel",
+        min_length=1,
+        max_length=317,
+    )
+    license_namespaces: Annotated[tuple[str, ...], NoDecode] = setting(
+        ("cozy-gpu-operator",),
+        "comma-separated namespaces a license source Secret may live in; the first is the "
+        "default when `secretRef.namespace` is omitted. A class naming any other namespace gets "
+        "no copies and shows `LicenseSecretMissing` / `NamespaceNotAllowed` (a class must not be "
+        "able to copy an arbitrary Secret into tenant namespaces)",
+        chart="license.namespaces",
+        shown="`cozy-gpu-operator`",
+    )
+    auth_token_file: Path | None = setting(
+        None,
+        "when set, every hook route requires `Authorization: Bearer <token>`; the file lists "
+        "accepted tokens one per line and is re-read when it changes",
+        chart="auth.enabled",
+    )
+    metrics_require_auth: bool = setting(
+        False, "put `/metrics` behind the same token", chart="metrics.requireAuth"
+    )
+    tls_cert_file: Path | None = setting(
+        None, "with `GPUCLASS_TLS_KEY_FILE`: `serve` speaks HTTPS only", chart="tls.enabled"
+    )
+    tls_key_file: Path | None = setting(
+        None, "the key of `GPUCLASS_TLS_CERT_FILE`", chart="tls.enabled"
+    )
+    tls_client_ca_file: Path | None = setting(
+        None,
+        "require client certificates signed by this CA (Metacontroller's `clientTLS`)",
+        chart="tls.clientAuth.enabled",
+    )
+    max_body_bytes: int = setting(
+        1024**3,
+        "larger bodies get 413 without being read (a chunked body that reaches the limit is "
+        "refused too); above the largest cluster the benchmark generates "
+        "(see [scale](docs/scale.md))",
+        chart="maxBodyBytes",
+        shown="`1073741824` (1 GiB)",
+        ge=1024,
+    )
+    shutdown_delay_seconds: float = setting(
+        5.0,
+        "on SIGTERM, how long readiness reports 503 before gunicorn stops accepting",
+        not_in_chart="tied to how fast endpoints drop a pod, not to the install",
+        ge=0,
+        le=60,
+    )
+    admission_cache_seconds: float = setting(
+        5.0,
+        "how long the budget webhook caches GPUClasses (tenant declarations and reservations "
+        "are never cached)",
+        chart="admission.cacheSeconds",
+        ge=0,
+        le=60,
+    )
+    memory_budget_bytes: int | None = setting(
+        None,
+        "bytes of request bodies in flight, each counted 1.5x its size plus 48 MiB (see "
+        "docs/scale.md); unset: the memory limit less min(256 MiB, half the limit); `0`: no "
+        "budget",
+        chart="memoryBudget.bytes",
+        shown="derived",
+        ge=0,
+    )
+    memory_limit_bytes: int | None = setting(
+        None,
+        "the container's memory limit, which the chart passes through the downward API; "
+        "unset: cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`; no limit anywhere: "
+        "no budget",
+        chart="resources.limits.memory",
+        shown="the cgroup's",
+        gt=0,
+    )
+    memory_wait_seconds: float = setting(
+        20.0,
+        "how long a call waits for the memory budget before it gets 429 with `Retry-After` "
+        "(keep it below the hook timeout)",
+        chart="memoryBudget.waitSeconds",
+        gt=0,
+        le=60,
+    )
 
     @model_validator(mode="after")
     def _tls_files_go_together(self) -> Settings:
@@ -123,4 +258,59 @@ def describe_error(error: ValidationError) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if not first["loc"]:
         return f"invalid settings: {message}"
-    return f"invalid setting GPUCLASS_{str(first['loc'][0]).upper()}: {message}"
+    return f"invalid setting {ENV_PREFIX}{str(first['loc'][0]).upper()}: {message}"
+
+
+def declared(name: str, what: str) -> str | None:
+    """What `setting` declared of a field besides its default and description: `chart`,
+    `not_in_chart` or `shown`."""
+    extra = Settings.model_fields[name].json_schema_extra
+    value = extra.get(what) if isinstance(extra, dict) else None
+    return None if value is None else str(value)
+
+
+def shown_default(name: str) -> str:
+    """How a setting's default reads in the docs."""
+    shown = declared(name, "shown")
+    if shown is not None:
+        return shown
+    default = Settings.model_fields[name].default
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    if isinstance(default, tuple):
+        return f"`{','.join(default)}`"
+    if isinstance(default, float) and default.is_integer():
+        return f"`{int(default)}`"
+    return f"`{default}`"
+
+
+def settings_table() -> str:
+    """The README's table of settings, made from `Settings` alone."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        rows.append(
+            f"| `{ENV_PREFIX}{name.upper()}` | {shown_default(name)} | {field.description} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+TABLE_START, TABLE_END = (
+    "<!-- settings table: make settings-table -->",
+    "<!-- end of settings table -->",
+)
+
+
+def readme_with_table(readme: str) -> str:
+    """The README with its settings table made anew from `Settings`."""
+    head, start, rest = readme.partition(TABLE_START)
+    _, end, tail = rest.partition(TABLE_END)
+    if not start or not end:
+        raise ValueError(f"the README has no {TABLE_START} ... {TABLE_END} block")
+    return f"{head}{start}\n{settings_table()}{end}{tail}"
+
+
+if __name__ == "__main__":  # make settings-table
+    README.write_text(readme_with_table(README.read_text()))
