@@ -2,9 +2,9 @@
 Metacontroller would send for them.
 
 Objects carry what real ones carry (images, conditions, addresses, managedFields on nodes; several
-containers with env, volumes and statuses on pods): ~10 KB per node and ~8 KB per pod, so that
+containers with env, volumes and statuses on pods; docs/scale.md gives their sizes), so that
 request sizes and decode costs are those of a real cluster. JSON is produced object by object and
-joined as bytes, so generating the 540 MB L cluster never builds its dict tree.
+joined as bytes, so generating the L cluster never builds its dict tree.
 """
 
 from __future__ import annotations

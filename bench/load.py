@@ -1,7 +1,7 @@
 """Load: ten concurrent L-sized status syncs under the chart's 2 GiB memory limit, with the memory
 budget and without it.
 
-    python -m bench.load       # make bench-load: a few minutes, ~8 GB of memory at the peak
+    python -m bench.load       # make bench-load: a few minutes, several GB of memory at the peak
 
 Metacontroller runs five workers per controller, so ten calls can arrive at once. In one run this
 reports, for a generated cluster of size L (about 455 MB per status sync):

@@ -54,7 +54,7 @@ def serve(args: argparse.Namespace) -> int:
     # Large calls are computed in other processes, but the threads reading their bodies still run
     # Python between reads, and a small call that needs the interpreter waits up to one switch
     # interval each time it does. 1 ms instead of 5 keeps customize hooks, license syncs and
-    # admission reviews quick meanwhile (`make bench-load`: +3 ms at the median, +7 without it).
+    # admission reviews quick meanwhile (`make bench-load` measures it; docs/scale.md).
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
 
     class HookServer(BaseApplication):

@@ -34,9 +34,10 @@ PER_CALL_BYTES = 48 * MIB
 # A large call: its body reserves from the budget (smaller ones bypass it: ten at once, expanded,
 # stay within the reserve below), and a pure hook computes it in a process of its own.
 LARGE_BODY_BYTES = 8 * MIB
-# What the budget leaves to the service itself: idle, the worker, its fork server and
-# multiprocessing's resource tracker hold ~75 MB (large calls are computed in processes that give
-# everything back when they exit); the rest is headroom for the calls that bypass the budget.
+# What the budget leaves to the service itself: the idle worker, its fork server and
+# multiprocessing's resource tracker (docs/scale.md has what they hold; large calls are computed
+# in processes that give everything back when they exit); the rest is headroom for the calls that
+# bypass the budget.
 RESERVE_BYTES = 256 * MIB
 # cgroup v1 writes "no limit" as a page-aligned 2^63 - 1.
 _UNLIMITED_V1 = 2**62
