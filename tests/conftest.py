@@ -10,6 +10,13 @@ from tests.apiserver import FakeApiServer, fake_apiserver
 from tests.controlplane import ControlPlane, control_plane
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for the control plane needs the tools, however it is declared."""
+    for item in items:
+        if "kube" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.tools)
+
+
 @pytest.fixture
 def apiserver() -> Iterator[FakeApiServer]:
     with fake_apiserver() as server:

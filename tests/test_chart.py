@@ -25,6 +25,9 @@ from tests.builders import (
 )
 from tests.chart import CHART, KUBE_VERSION, by_kind, crd, helm_run, one, render
 
+# Renders the chart with helm (`make tools`).
+pytestmark = pytest.mark.tools
+
 
 @pytest.fixture(scope="module")
 def default_render() -> list[dict[str, Any]]:

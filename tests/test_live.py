@@ -6,12 +6,16 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
 from bench.run import process_tree
 from hooks.memory import LARGE_BODY_BYTES
 from tests.apiserver import FakeApiServer
 from tests.live import live_server
+
+# Starts the real server (gunicorn) in a process of its own.
+pytestmark = pytest.mark.live
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

@@ -18,6 +18,9 @@ from tests.apiserver import KUBEVIRT_PATH, FakeApiServer, kubevirt_cr
 from tests.builders import GPU
 from tests.live import live_server
 
+# Starts the real server (gunicorn) in a process of its own.
+pytestmark = pytest.mark.live
+
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 

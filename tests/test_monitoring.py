@@ -26,6 +26,9 @@ from tests.builders import (
 )
 from tests.chart import CHART, by_kind, one, render
 
+# Renders the chart with helm (`make tools`).
+pytestmark = pytest.mark.tools
+
 DASHBOARD = CHART / "dashboards" / "gpu-classes.json"
 MONITORING = (
     "monitoring.dashboard.enabled=true",

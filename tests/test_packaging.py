@@ -53,6 +53,7 @@ def test_dockerfile_is_multi_stage_slim_non_root_with_the_serve_entrypoint() -> 
     assert not re.search(r"apt-get|gcc|build-essential|COPY hooks", final)
 
 
+@pytest.mark.tools
 def test_chart_runs_the_image_as_the_dockerfile_user() -> None:
     from tests.chart import one, render
 

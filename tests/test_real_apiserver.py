@@ -27,13 +27,16 @@ from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, r
 from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, check_app
-from hooks.rules.permission import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
+from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
 from tests.chart import CHART, helm
 from tests.controlplane import ADMIN_TOKEN, ControlPlane, collection_path, object_path
 from tests.live import LiveServer, live_server
+
+# Starts etcd and kube-apiserver (`make tools`).
+pytestmark = pytest.mark.tools
 
 MANIFESTS = Path(__file__).parent / "manifests"
 ROOT = Path(__file__).parent.parent
