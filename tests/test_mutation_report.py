@@ -1,4 +1,5 @@
-"""The report of `make mutate`: its score and its news, from mutmut's results and the list."""
+"""The report of `make mutate`: its score and its news, from mutmut's results and the list of
+equivalent survivors, which names each by its content so that renumbering cannot hide one."""
 
 from __future__ import annotations
 
@@ -18,30 +19,68 @@ RESULTS = """
     hooks.rules.a.x_f__mutmut_4: killed
     hooks.rules.a.x_g__mutmut_1: not checked
 """
+HEAD = "--- a\n+++ a\n@@ -1 +1 @@\n"
+DIFFS = {
+    "hooks.rules.a.x_f__mutmut_1": HEAD + "-    return x + 1\n+    return x - 1",
+    "hooks.rules.a.x_f__mutmut_2": HEAD + "-    s = 'a'\n+    s = 'XXaXX'",
+    "hooks.rules.a.x_f__mutmut_3": HEAD + "-    if a and b:\n+    if a or b:",
+}
+F2 = "hooks/rules/a.py::f: - s = 'a' + s = 'XXaXX'"
+
+
+def key_of(name: str) -> str:
+    return report.content_key(name, DIFFS[name])
+
+
+def test_a_mutant_is_keyed_by_file_function_and_the_lines_it_changes() -> None:
+    assert key_of("hooks.rules.a.x_f__mutmut_2") == F2
+    method = report.function_of("hooks.wire.kube.xǁNodeǁready__mutmut_7")
+    assert method == "hooks/wire/kube.py::Node.ready"
 
 
 def test_listed_survivors_are_left_out_of_the_score_and_the_news() -> None:
-    listed = report.equivalents(
-        "# a comment\nhooks.rules.a.x_f__mutmut_2  # the same string either way\n"
-    )
-    text, code = report.report(RESULTS, listed)
+    listed = report.equivalents(f"# a comment\n{F2}\n    why: the same string either way\n")
+    assert listed == {F2: "the same string either way"}
+    text, code = report.report(RESULTS, listed, key_of)
     assert "score over mutants that change behaviour: 66.7%" in text
-    assert "NEW SURVIVOR hooks.rules.a.x_f__mutmut_3" in text
+    assert (
+        "NEW SURVIVOR hooks.rules.a.x_f__mutmut_3\n    hooks/rules/a.py::f: - if a and b:" in text
+    )
     assert "x_f__mutmut_2" not in text.split("\n", 2)[2]
     assert code == 1
 
 
-def test_a_listed_mutant_that_is_killed_now_is_to_be_removed() -> None:
+def test_a_renumbered_survivor_is_still_recognised_by_its_content() -> None:
+    """The same mutation under another number (the function gained a mutant before it) is the
+    same listed equivalent; a number that now points at another mutation is news."""
+    listed = report.equivalents(f"{F2}\n    why: the same string either way\n")
+    renumbered = RESULTS.replace("x_f__mutmut_2: survived", "x_f__mutmut_2: killed")
+    diffs = {**DIFFS, "hooks.rules.a.x_f__mutmut_1": DIFFS["hooks.rules.a.x_f__mutmut_2"]}
+    renumbered = renumbered.replace("x_f__mutmut_1: killed", "x_f__mutmut_1: survived")
+    text, _ = report.report(renumbered, listed, lambda name: report.content_key(name, diffs[name]))
+    assert "NEW SURVIVOR hooks.rules.a.x_f__mutmut_1" not in text
+    assert "NEW SURVIVOR hooks.rules.a.x_f__mutmut_3" in text
+
+
+def test_a_listed_mutation_that_no_longer_survives_is_to_be_removed() -> None:
+    f1 = key_of("hooks.rules.a.x_f__mutmut_1")
+    f3 = key_of("hooks.rules.a.x_f__mutmut_3")
+    unchecked = "hooks/rules/a.py::g: - x + y"
     listed = report.equivalents(
-        "hooks.rules.a.x_f__mutmut_1 # once\nhooks.rules.a.x_f__mutmut_2 #\n"
-        "hooks.rules.a.x_f__mutmut_3 #\n"
+        f"{f1}\n    why: once\n{F2}\n    why: x\n{f3}\n    why: y\n{unchecked}\n    why: z\n"
     )
-    text, code = report.report(RESULTS, listed)
-    assert "remove from equivalent.txt: hooks.rules.a.x_f__mutmut_1" in text
+    text, code = report.report(RESULTS, listed, key_of)
+    assert f"remove from equivalent.txt: {f1}" in text
+    assert unchecked not in text  # g was not checked in this run: nothing is known of it
     assert "score over mutants that change behaviour: 100.0%" in text
     assert code == 0
 
 
-def test_every_listed_line_has_a_reason() -> None:
-    for name, reason in report.equivalents(report.EQUIVALENT.read_text()).items():
-        assert reason, f"{name} is listed without a reason"
+def test_every_listed_line_has_a_reason_and_names_a_function_of_the_service() -> None:
+    listed = report.equivalents(report.EQUIVALENT.read_text())
+    assert listed
+    for key, reason in listed.items():
+        assert reason, f"{key} is listed without a reason"
+        path, _, function = key.partition(": ")[0].partition("::")
+        assert (ROOT / path).is_file(), key
+        assert f"def {function.rpartition('.')[2]}(" in (ROOT / path).read_text(), key
