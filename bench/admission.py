@@ -4,12 +4,15 @@
     python -m bench.admission --sizes 20x10 --reviews 50 --baseline-reviews 10   # a quick look
 
 For each size (tenants x apps per tenant, added to the same cluster), it stores Tenant,
-VMInstance and KubernetesNodes HelmReleases shaped like Cozystack's, then posts AdmissionReviews
-over HTTPS to two copies of the webhook: the service as it is (scoped reads of the pool under
-review) and the fresh-LIST approach it replaced (every release of the cluster, per review). It
-reports the median and p99 latency of each, the bytes the API server sent per review (from its own
-`apiserver_response_sizes` metric), and checks that the verdicts are identical on every review,
-including reviews made right after an app was stored that fills its pool.
+VMInstance and KubernetesNodes HelmReleases shaped like Cozystack's, legacy ones among them (Tenant
+releases without a name label, a second release claiming a tenant, app releases without a name
+label, a Tenant release that names no tenant), then posts AdmissionReviews over HTTPS to two copies
+of the webhook: the service as it is (scoped reads of the pool under review), one at a time and 20
+at once, and the fresh-LIST approach it replaced (every release of the cluster, per review, with
+the same identity rules). It reports the median and p99 latency of each, the bytes the API server
+sent per review (from its own `apiserver_response_sizes` metric), and checks that the verdicts are
+identical on every review, including reviews made right after an app was stored that fills its
+pool.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
 # Each tenant's budget is a little above what its apps reserve, so that reviews are both admitted
 # and denied: 45 VMs of one device and 5 pools of 1 x 2 replicas hold 55 of 60.
 TENANT_BUDGET = {TOTAL_KEY: "60", class_key("l40s"): "40"}
+NAME_LABEL = "apps.cozystack.io/application.name"
 LAB_BUDGET = {TOTAL_KEY: "3"}
 
 
@@ -98,13 +102,22 @@ def gpus(*resources: str) -> list[dict[str, str]]:
     return [{"name": r} for r in resources]
 
 
+def unlabelled(obj: dict[str, Any]) -> dict[str, Any]:
+    """A release that a migration left without its name label."""
+    del obj["metadata"]["labels"][NAME_LABEL]
+    return obj
+
+
 def tenant_objects(index: int, apps: int) -> tuple[list[str], list[dict[str, Any]]]:
     """One tenant: its namespace, its apps; every tenth has an unbounded `dev` sub-tenant holding
-    some of the apps and a bounded `lab` sub-tenant carving 3 devices out of its pool."""
+    some of the apps and a bounded `lab` sub-tenant carving 3 devices out of its pool. Legacy
+    releases: every seventh tenant's own release has no name label, every twentieth has a second
+    release claiming its `dev`, and the first two VMs of every fifth have no name label."""
     name = f"t{index:04d}"
     own = f"tenant-{name}"
     namespaces = [own]
-    objects = [release("Tenant", "tenant-root", name, {"resourceQuotas": TENANT_BUDGET})]
+    mine = release("Tenant", "tenant-root", name, {"resourceQuotas": TENANT_BUDGET})
+    objects = [unlabelled(mine) if index % 7 == 3 else mine]
     homes = [own]
     if index % 10 == 0:
         namespaces += [f"{own}-dev", f"{own}-lab"]
@@ -112,6 +125,10 @@ def tenant_objects(index: int, apps: int) -> tuple[list[str], list[dict[str, Any
             release("Tenant", own, "dev", {"host": f"dev.{name}.example.org"}),
             release("Tenant", own, "lab", {"resourceQuotas": LAB_BUDGET}),
         ]
+        if index % 20 == 0:
+            twin = release("Tenant", own, "dev", {"host": f"dev.{name}.example.org"})
+            twin["metadata"]["name"] = "dev-old"
+            objects.append(twin)
         homes.append(f"{own}-dev")
     for app in range(apps):
         home = homes[app % len(homes)]
@@ -120,7 +137,8 @@ def tenant_objects(index: int, apps: int) -> tuple[list[str], list[dict[str, Any
             values = {"gpus": gpus(device), "maxReplicas": 2}
             objects.append(release("KubernetesNodes", home, f"pool{app}", values))
         else:
-            objects.append(release("VMInstance", home, f"vm{app}", {"gpus": gpus(device)}))
+            vm = release("VMInstance", home, f"vm{app}", {"gpus": gpus(device)})
+            objects.append(unlabelled(vm) if index % 5 == 1 and app < 2 else vm)
     return namespaces, objects
 
 
@@ -161,21 +179,18 @@ def populate(plane: ControlPlane, first: int, last: int, apps: int) -> int:
 
 
 class FreshList:
-    """The approach the service replaced: every release of the cluster, in one LIST per review."""
+    """The approach the service replaced: every release of the cluster, in one LIST per review
+    (read with the service's own identity rules, `release_object`)."""
 
     def __init__(self, settings: Settings) -> None:
         self._classes = BudgetReader(settings)
         self._api = ApiClient(settings)
-        self._lock = threading.Lock()
 
     def classes(self) -> list[ClassIdentity]:
         return self._classes.classes()
 
     def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
-        with self._lock:
-            objects = [
-                release_object(raw) for raw in self._api.list(HELMRELEASES, TENANCY_SELECTOR)
-            ]
+        objects = [release_object(raw) for raw in self._api.list(HELMRELEASES, TENANCY_SELECTOR)]
         return Tenancy(
             tuple(o for o in objects if isinstance(o, Tenant)),
             tuple(o for o in objects if isinstance(o, App)),
@@ -293,15 +308,27 @@ class Figures:
 
 
 def run_reviews(
-    plane: ControlPlane, url: str, reviews: list[Review], label: str, ca_file: Path
+    plane: ControlPlane,
+    url: str,
+    reviews: list[Review],
+    label: str,
+    ca_file: Path,
+    concurrency: int = 1,
 ) -> Figures:
-    session = requests.Session()
+    """The reviews, `concurrency` at a time (each client with its own connection, as the API
+    server's), with the latency of each."""
+    sessions = threading.local()
     before = sent_bytes(plane)
-    latencies = []
-    for review in reviews:
-        seconds, allowed, message = post(session, url, review.body, ca_file)
-        latencies.append(seconds)
+
+    def one(review: Review) -> float:
+        if not hasattr(sessions, "session"):
+            sessions.session = requests.Session()
+        seconds, allowed, message = post(sessions.session, url, review.body, ca_file)
         review.verdicts[label] = (allowed, message)
+        return seconds
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        latencies = list(pool.map(one, reviews))
     return Figures(label, latencies, (sent_bytes(plane) - before) / len(reviews))
 
 
@@ -312,6 +339,8 @@ def make_reviews(rng: random.Random, tenants: int, count: int, start: int) -> li
         namespace = f"tenant-t{index:04d}"
         if index % 10 == 0 and rng.random() < 0.5:
             namespace += rng.choice(["-dev", "-lab"])
+        elif rng.random() < 0.05:
+            namespace = "tenant-root"  # the root's own pool: every legacy release in view
         devices = [rng.choice([L40S, L40S, H100]) for _ in range(rng.randint(1, 7))]
         uid = f"review-{start + number}"
         reviews.append(Review(review_body(uid, namespace, f"new{start + number}", devices)))
@@ -349,6 +378,7 @@ def fresh_writes(
 
 
 HEADER = "size      approach               reviews  median ms    p99 ms  KiB sent/review"
+CONCURRENT_P99_MS = 100
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -378,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-root"}}
         )
         create(plane, release("Tenant", "tenant-root", "root", {"host": "example.org"}))
+        legacy = unlabelled(release("Tenant", "tenant-root", "gone", {"host": "example.org"}))
+        legacy["metadata"]["name"] = "legacy-tenant"  # names no tenant: placed nowhere
+        create(plane, legacy)
         token = workdir / "token"
         token.write_text(ADMIN_TOKEN)
         settings = Settings(
@@ -406,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 reviews = make_reviews(rng, tenants, args.reviews, len(rows) * args.reviews)
                 run_reviews(plane, scoped, reviews[:20], "warm-up", ca_file)  # caches, connections
                 figures = run_reviews(plane, scoped, reviews, "scoped (the service)", ca_file)
+                concurrent = run_reviews(
+                    plane, scoped, reviews, "scoped, 20 at once", ca_file, concurrency=20
+                )
                 sample = reviews[: args.baseline_reviews]
                 base = run_reviews(plane, baseline, sample, "fresh LIST (baseline)", ca_file)
                 # Nothing is stored while reviews run: one fresh LIST judges every review.
@@ -418,12 +454,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for r in sample
                     if r.verdicts["scoped (the service)"] != r.verdicts["fresh LIST (baseline)"]
                 ]
+                mismatched += [
+                    r
+                    for r in reviews
+                    if r.verdicts["scoped (the service)"] != r.verdicts["scoped, 20 at once"]
+                ]
                 denied = sum(not r.verdicts["scoped (the service)"][0] for r in reviews)
                 agreed, fresh_denied = fresh_writes(
                     plane, urls, (tenants, apps), args.fresh, ca_file
                 )
-                rows += [figures.row(size), base.row(size)]
-                print(rows[-2], rows[-1], sep="\n", flush=True)
+                rows += [figures.row(size), concurrent.row(size), base.row(size)]
+                print(*rows[-3:], sep="\n", flush=True)
                 print(
                     f"[{size}] verdicts: {len(reviews) - len(mismatched)}/{len(reviews)} identical "
                     f"({denied} denied); right after a store: {agreed}/{args.fresh} identical, "
@@ -432,6 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 if mismatched or agreed != args.fresh or fresh_denied != args.fresh:
                     failures.append(f"{size}: verdicts differ from the baseline")
+                if 1000 * percentile(concurrent.latencies, 0.99) > CONCURRENT_P99_MS:
+                    failures.append(
+                        f"{size}: p99 of concurrent reviews over {CONCURRENT_P99_MS} ms"
+                    )
     print()
     print(HEADER)
     print("\n".join(rows))

@@ -95,7 +95,8 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
     # the owners of tenant-a and tenant-root, then tenant-a's pool: namespaced, by label
     assert releases_read(budget_api) == [
         f"tenant-root: {KINDS}=Tenant,{NAME} in (a,root)",
-        f"tenant-root: {KINDS}=Tenant,!{NAME}",
+        f"tenant-root: {KINDS}=Tenant,!{NAME}",  # no release of the root tenant at all
+        f"tenant-root: {KINDS}=Tenant,{NAME}=",
         f"tenant-a: {KINDS} in (Tenant,VMInstance,KubernetesNodes)",
     ]
     assert any("continue=2" in path for path, _ in budget_api.requests)
@@ -109,7 +110,8 @@ def test_an_unbounded_namespace_reads_no_pool(
     assert [t.name for t in tenancy.tenants] == ["b"] and not tenancy.tenants[0].bounded
     assert releases_read(budget_api) == [
         f"tenant-root: {KINDS}=Tenant,{NAME} in (b,root)",
-        f"tenant-root: {KINDS}=Tenant,!{NAME}",
+        f"tenant-root: {KINDS}=Tenant,!{NAME}",  # no release of the root tenant at all
+        f"tenant-root: {KINDS}=Tenant,{NAME}=",
         f"tenant-b: {KINDS} in (Tenant,VMInstance,KubernetesNodes)",
     ]
 
@@ -150,6 +152,7 @@ def test_objects_that_do_not_decode_are_kept_and_named(
     negative = helmrelease("KubernetesNodes", "tenant-x", "neg", {"gpus": [], "maxReplicas": -1})
     nameless = helmrelease("Tenant", "tenant-root", "n", {})
     del nameless["metadata"]["labels"]["apps.cozystack.io/application.name"]
+    nameless["metadata"]["name"] = "legacy-n"  # a release name that names no tenant
     apiserver.serve(
         HELMRELEASES,
         200,
@@ -179,8 +182,8 @@ def test_objects_that_do_not_decode_are_kept_and_named(
         ),
         (
             None,
-            "HelmRelease tenant-root/tenant-n: "
-            "metadata.labels: no apps.cozystack.io/application.name",
+            "HelmRelease tenant-root/legacy-n: metadata.labels: no "
+            "apps.cozystack.io/application.name, and the release name names no tenant",
         ),
     ]
     assert all(t.bounded for t in tenancy.tenants)  # what cannot be read is never passed by
@@ -219,10 +222,14 @@ def test_a_namespace_whose_parent_cannot_exist_reads_no_list_there() -> None:
             self.read.append(f"{release_namespace}: {','.join(names)}")
             return []
 
+        def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+            self.read.append(f"{release_namespace}: unnamed")
+            return []
+
         def namespace(self, namespace: str) -> list[Tenant | App]:
             self.read.append(namespace)
             return []
 
     source = Recorder()
     assert scoped_tenancy(source, ["tenant--x"]) == Tenancy()
-    assert source.read == ["tenant-root: root", "tenant--x"]
+    assert source.read == ["tenant-root: root", "tenant-root: unnamed", "tenant--x"]

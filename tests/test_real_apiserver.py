@@ -545,6 +545,7 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
     review in each namespace of a nested tree, the verdict equals the one over every release."""
     for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab", "tenant-s-dev-deep"):
         kube.namespace(namespace)
+    kube.namespace("tenant-s-lab-e")
     store(kube, "Tenant", "tenant-root", "s", {"resourceQuotas": {TOTAL_KEY: "4"}})
     store(kube, "Tenant", "tenant-s", "dev", {})
     store(kube, "Tenant", "tenant-s", "lab", {"resourceQuotas": {TOTAL_KEY: "3"}})
@@ -553,7 +554,12 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
         store(kube, "VMInstance", namespace, "vm", {"gpus": gpus(GPU)})
     nameless = helmrelease("Tenant", "tenant-s-dev", "nameless", {})
     del nameless["metadata"]["labels"]["apps.cozystack.io/application.name"]
-    kube.apply(nameless)  # fails closed beneath tenant-s-dev, and nowhere else
+    nameless["metadata"]["name"] = "legacy"  # names no tenant: fails closed where it could matter
+    kube.apply(nameless)
+    # an empty name label, named by its release name: tenant e of tenant-s-lab, bounded
+    emptied = helmrelease("Tenant", "tenant-s-lab", "e", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    emptied["metadata"]["labels"]["apps.cozystack.io/application.name"] = ""
+    kube.apply(emptied)
     token = tmp_path / "token"
     token.write_text(ADMIN_TOKEN)
     settings = Settings(kube_api=kube.url, kube_token_file=token, kube_ca_file=kube.ca_file)
@@ -567,7 +573,14 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
     )
     verdicts = []
     messages: list[str] = []
-    for namespace in ("tenant-s", "tenant-s-dev", "tenant-s-lab", "tenant-s-dev-deep", "tenant-a"):
+    for namespace in (
+        "tenant-s",
+        "tenant-s-dev",
+        "tenant-s-lab",
+        "tenant-s-dev-deep",
+        "tenant-s-lab-e",
+        "tenant-a",
+    ):
         for count in (1, 3):
             new = App(namespace, "VMInstance", "new", (GPU,) * count)
             scoped = reader.tenancy([namespace])
@@ -586,3 +599,6 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
             verdicts.append(verdict.allowed)
             messages.append(verdict.message)
     assert True in verdicts and False in verdicts, messages  # the tree admits and denies
+    # the server's label selection finds the release with an empty name label, placed by its name
+    placed = {(t.namespace, t.release) for t in reader.tenancy(["tenant-s-lab-e"]).tenants}
+    assert ("tenant-s-lab-e", "tenant-e") in placed

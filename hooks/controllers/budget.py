@@ -27,12 +27,14 @@ from hooks.rules.budget import (
     check_declaration,
     declaration_needs_input,
     declaration_refused,
+    pool_may_apply,
     quota_problem,
     tenant_declaration,
 )
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
 from hooks.wire.cozystack import AppObject, decode_app_object
+from hooks.wire.kube import is_absent
 from hooks.wire.problems import BadRequest, Unreadable
 
 APPS_GROUP = "apps.cozystack.io"
@@ -103,12 +105,34 @@ def _ours(request: AdmissionRequest, kinds: tuple[str, ...]) -> bool:
     )
 
 
+def _unless_no_pool_applies(
+    request: AdmissionRequest, inputs: BudgetInputs, problem: BadRequest
+) -> BudgetOutcome:
+    """The object under review does not decode: denied, saying why, only when a budget pool
+    applies to the namespace it is checked in (or could); otherwise nothing it says can exceed
+    anything, and a legacy object stays editable."""
+
+    def decide() -> Verdict:
+        tenancy = inputs.tenancy((request.namespace,))
+        if pool_may_apply(tenancy.tenants, request.namespace):
+            return Verdict(False, str(problem))
+        return ALLOWED
+
+    return _checked(request, decide)
+
+
 def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome:
     """VMInstance and KubernetesNodes create and update; anything else is not ours and passes."""
     if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
         return _outcome(request, ALLOWED)
     kind = request.kind.kind
-    new_obj, old_obj = _new_object(request), _old_object(request)
+    try:
+        new_obj = _new_object(request)
+    except BadRequest as undecodable:
+        if is_absent(request.object):
+            raise  # a create or update without its object is a malformed review
+        return _unless_no_pool_applies(request, inputs, undecodable)
+    old_obj = _old_object(request)
     name = _name(request, new_obj)
     new = app_from(new_obj.spec, request.namespace, kind, name)
     old = app_from(old_obj.spec, request.namespace, kind, name) if old_obj else None
@@ -117,8 +141,15 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
 
     def decide() -> Verdict:
         tenancy = inputs.tenancy((request.namespace,))
+        # GPUClasses are read only once a pool applies: outside every pool a VM passes even
+        # while they cannot be listed.
+        pooled = pool_may_apply(tenancy.tenants, request.namespace)
         return check_app(
-            new=new, old=old, apps=tenancy.apps, tenants=tenancy.tenants, classes=inputs.classes()
+            new=new,
+            old=old,
+            apps=tenancy.apps,
+            tenants=tenancy.tenants,
+            classes=inputs.classes() if pooled else (),
         )
 
     return _checked(request, decide)
@@ -128,7 +159,14 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
     """The declaration gate for Tenant create and update."""
     if not _ours(request, (TENANT,)):
         return _outcome(request, ALLOWED)
-    new_obj, old_obj = _new_object(request), _old_object(request)
+    try:
+        new_obj = _new_object(request)
+    except BadRequest as undecodable:
+        if is_absent(request.object):
+            raise  # a create or update without its object is a malformed review
+        # The pool a tenant carves out of is that of the namespace its release lives in.
+        return _unless_no_pool_applies(request, inputs, undecodable)
+    old_obj = _old_object(request)
     name = _name(request, new_obj)
     quotas = new_obj.spec.resource_quotas
     problem = quota_problem(quotas)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import msgspec
@@ -36,6 +37,7 @@ from hooks.rules.budget import (
     owner_of,
     quota_problem,
     tenant_declaration,
+    tenant_from_release,
 )
 from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
@@ -48,8 +50,9 @@ HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
 HELMRELEASES = f"{HELM_API}/helmreleases"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
 TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES})"
-# Tenant releases that do not say which tenant they are: they fail closed beneath where they live.
-UNNAMED_TENANTS = f"{KIND_LABEL}={TENANT},!{NAME_LABEL}"
+# Tenant releases whose name label is missing or empty: their release name may name the tenant
+# (`tenant-x`); those it does not fail closed beneath where they live, where it could matter.
+UNNAMED_TENANTS = (f"{KIND_LABEL}={TENANT},!{NAME_LABEL}", f"{KIND_LABEL}={TENANT},{NAME_LABEL}=")
 
 
 def releases_in(namespace: str) -> str:
@@ -82,24 +85,32 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
     meta = head.metadata
     where = f"HelmRelease {meta.namespace}/{meta.name}"
     kind = meta.labels.get(KIND_LABEL, "")
+    # An empty name label says no more than a missing one.
     name = meta.labels.get(NAME_LABEL) or None
     if kind == TENANT:
         quotas = values.resource_quotas if values else {}
+        name = name or tenant_from_release(meta.name)
         if problem is None and name is None:
-            problem = f"metadata.labels: no {NAME_LABEL}"
+            problem = f"metadata.labels: no {NAME_LABEL}, and the release name names no tenant"
         if problem is None and (invalid := quota_problem(quotas)):
             problem = f"spec.values.{invalid}"
         unreadable = f"{where}: {problem}" if problem else None
-        return Tenant(meta.namespace, name, tenant_declaration(quotas), unreadable)
+        declaration = tenant_declaration(quotas)
+        return Tenant(meta.namespace, name, declaration, unreadable, release=meta.name)
     unreadable = f"{where}: {problem}" if problem else None
-    return app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
+    app = app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
+    return replace(app, release=meta.name)
 
 
 class ReleaseSource(Protocol):
     """Where `scoped_tenancy` reads releases from (the API server, or a test's cluster)."""
 
     def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-        """The Tenant releases of the namespace with these names, and those naming no tenant."""
+        """The Tenant releases of the namespace whose name label is one of these."""
+        ...
+
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+        """The Tenant releases of the namespace whose name label is missing or empty."""
         ...
 
     def namespace(self, namespace: str) -> list[Tenant | App]:
@@ -107,17 +118,24 @@ class ReleaseSource(Protocol):
         ...
 
 
-def _key(obj: Tenant | App) -> tuple[object, ...]:
+def _key(obj: Tenant | App) -> tuple[str, str, str]:
+    """A release is itself wherever it is listed from: its namespace and name. (A release not
+    even those could be read of is known only by what was wrong.)"""
     if isinstance(obj, Tenant):
-        return ("Tenant", obj.release_namespace, obj.name, obj.unreadable)
-    return (obj.kind, obj.namespace, obj.name, obj.unreadable)
+        return (obj.release_namespace, obj.release, "" if obj.release else obj.unreadable or "")
+    return (obj.namespace, obj.release, "" if obj.release else obj.unreadable or "")
 
 
 def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
     """What the verdicts about these namespaces read, and nothing more.
 
     1. The tenants owning each namespace and every ancestor of it (one LIST per namespace they
-       are declared in), which place each namespace in its pool.
+       are declared in, by name label), which place each namespace in its pool. Where an owner is
+       not found that way under its canonical release name (`tenant-<name>`), the releases there
+       without a name label are read too: one of them may be that owner (named by its release
+       name), or may be unplaceable and fail closed where it could matter. Where every owner is a
+       labelled `tenant-<name>`, no other release can claim those tenants by its release name
+       (that name is taken), and unplaceable ones change nothing on the way.
     2. Each pool, from its root down, and each namespace itself, from there down: the apps and
        the Tenant releases of every namespace, descending through unbounded tenants and stopping
        at bounded ones, which carve their declaration out of the pool and hold their own pools.
@@ -142,7 +160,15 @@ def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
                 owners.setdefault(release_namespace, set()).add(name)
             current = None if current == release_namespace else release_namespace
     for release_namespace, names in sorted(owners.items()):
-        add(source.tenants(release_namespace, sorted(names)))
+        labelled = source.tenants(release_namespace, sorted(names))
+        add(labelled)
+        canonical = {
+            t.name
+            for t in labelled
+            if isinstance(t, Tenant) and t.name is not None and t.release == f"tenant-{t.name}"
+        }
+        if names - canonical:
+            add(source.unnamed(release_namespace))
 
     placed = Pools(t for t in found.values() if isinstance(t, Tenant))
     starts = [root for root in map(placed.root, scope) if root is not None]
@@ -176,48 +202,48 @@ class ApiReleases:
         return [release_object(raw) for raw in self._api.list(releases_in(namespace), selector)]
 
     def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-        return [
-            *self._list(release_namespace, tenants_named(names)),
-            *self._list(release_namespace, UNNAMED_TENANTS),
-        ]
+        return self._list(release_namespace, tenants_named(names))
+
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+        return [o for selector in UNNAMED_TENANTS for o in self._list(release_namespace, selector)]
 
     def namespace(self, namespace: str) -> list[Tenant | App]:
         return self._list(namespace, TENANCY_SELECTOR)
 
 
 class BudgetReader:
-    """Reads GPUClasses, Tenant and app HelmReleases; one request at a time per reader."""
+    """Reads GPUClasses, Tenant and app HelmReleases. Reviews run concurrently: no lock is held
+    across a read, so a slow LIST delays only its own review."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
         self._clock = clock
         self._api = ApiClient(settings)
         self._releases = ApiReleases(self._api)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the class cache only
         self._classes: tuple[float, list[ClassIdentity]] | None = None
 
     def classes(self) -> list[ClassIdentity]:
+        now = self._clock()
         with self._lock:
-            now = self._clock()
-            if self._classes is not None:
-                read_at, classes = self._classes
-                if now - read_at < self._settings.admission_cache_seconds:
-                    return classes
-            try:
-                raws = list(self._api.list(GPUCLASSES))
-            except Unreadable as error:
-                raise Unreadable(f"could not list GPUClasses ({error})") from None
-            try:
-                classes = [class_identity(decoded(_GPUCLASS, raw)) for raw in raws]
-            except Undecodable as error:
-                raise Unreadable(f"GPUClass: {error}") from None
+            cached = self._classes
+        if cached is not None and now - cached[0] < self._settings.admission_cache_seconds:
+            return cached[1]
+        try:
+            raws = list(self._api.list(GPUCLASSES))
+        except Unreadable as error:
+            raise Unreadable(f"could not list GPUClasses ({error})") from None
+        try:
+            classes = [class_identity(decoded(_GPUCLASS, raw)) for raw in raws]
+        except Undecodable as error:
+            raise Unreadable(f"GPUClass: {error}") from None
+        with self._lock:
             self._classes = (now, classes)
-            return classes
+        return classes
 
     def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
         """The pools of these namespaces, read fresh on every review."""
-        with self._lock:
-            try:
-                return scoped_tenancy(self._releases, namespaces)
-            except Unreadable as error:
-                raise Unreadable(f"could not list HelmReleases ({error})") from None
+        try:
+            return scoped_tenancy(self._releases, namespaces)
+        except Unreadable as error:
+            raise Unreadable(f"could not list HelmReleases ({error})") from None

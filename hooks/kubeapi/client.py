@@ -8,6 +8,7 @@ credentials, no body, no path): the reader that called names what it was reading
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,20 @@ _PAGE = msgspec.json.Decoder(_Page)
 
 
 class ApiClient:
-    """GETs against the API server. Not shared between threads without a lock: `requests`
-    sessions are not thread-safe, so each reader holds its own client."""
+    """GETs against the API server, safe to share between threads: `requests` sessions are not
+    thread-safe, so each thread reads through a session of its own (and keeps its connection),
+    and no lock is held across a read."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._session = requests.Session()
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session: requests.Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            self._local.session = session
+        return session
 
     def get(self, path: str, params: dict[str, str] | None = None) -> bytes:
         settings = self._settings
@@ -61,7 +70,7 @@ class ApiClient:
         if base.startswith("https://") and settings.kube_ca_file.is_file():
             verify = str(settings.kube_ca_file)
         try:
-            response = self._session.get(
+            response = self._session().get(
                 base + path,
                 params=params,
                 headers=headers,

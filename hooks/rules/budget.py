@@ -42,9 +42,10 @@ def class_key(class_name: str) -> str:
 
 def in_gpu_domain(key: str) -> bool:
     """A key whose domain ends with `gpuclass.cozystack.io`, dot or no dot, in any case:
-    `l40sgpuclass.cozystack.io/devices` is a typo of a budget key, not some other key."""
-    prefix, slash, _ = key.partition("/")
-    return bool(slash) and prefix.strip().lower().endswith(GPU_DOMAIN)
+    `l40sgpuclass.cozystack.io/devices` is a typo of a budget key, not some other key. A key with
+    no `/` is all domain: `gpuclass.cozystack.io` alone is a budget key with its name left off."""
+    domain = key.partition("/")[0]
+    return domain.strip().lower().endswith(GPU_DOMAIN)
 
 
 def is_budget_key(key: str) -> bool:
@@ -56,13 +57,12 @@ def is_budget_key(key: str) -> bool:
 
 
 def parse_budget(value: QuotaValue) -> int:
-    """A budget value in whole devices; QuantityError when it is not one."""
+    """A budget value in whole devices; QuantityError when it is not one. A JSON number is held
+    to the bounds of a quantity string: whole, non-negative, within int64."""
     if isinstance(value, bool) or value is None:
         raise QuantityError("not a quantity")
     if isinstance(value, int):
-        if value < 0:
-            raise QuantityError("negative quantity")
-        return value
+        return parse_units(str(value))
     return parse_units(repr(value) if isinstance(value, float) else value)
 
 
@@ -76,6 +76,15 @@ def parent_namespace(namespace: str | None) -> str | None:
         return None
     parent = namespace.rpartition("-")[0]
     return ROOT_NAMESPACE if parent == "tenant" else parent
+
+
+def tenant_from_release(release_name: str) -> str | None:
+    """The tenant a Tenant release names when it carries no name label: `tenant-x` names `x`
+    (tenant names have no dashes); None when the release name names no tenant."""
+    name = release_name.removeprefix("tenant-")
+    if name == release_name or "-" in name or not is_dns_label(name):
+        return None
+    return name
 
 
 def tenant_namespace(release_namespace: str, tenant_name: str) -> str:
@@ -98,26 +107,22 @@ def owner_of(namespace: str) -> tuple[str, str] | None:
     return parent, namespace.removeprefix(prefix)
 
 
-def strictly_below(namespace: str, ancestor: str) -> bool:
-    """The namespace is a descendant of the ancestor's (not the ancestor's own)."""
-    if ancestor == ROOT_NAMESPACE:
-        return namespace != ROOT_NAMESPACE and namespace.startswith("tenant-")
-    return namespace.startswith(ancestor + "-")
-
-
 @dataclass(frozen=True)
 class Tenant:
     """A Tenant app: where it is declared, its name, and its `resourceQuotas`.
 
     Budget keys hold whole devices, or None where the value does not parse; other keys hold 0
     (any key makes a tenant bounded). `name` is None when the release does not say which tenant
-    it is: it then has no known namespace. `unreadable` says what could not be read.
+    it is: it then has no known namespace. `unreadable` says what could not be read. `release`
+    is the name of its HelmRelease ("" for the object under review): with the namespace it
+    identifies the release, and two releases are never one tenant because their names agree.
     """
 
     release_namespace: str
     name: str | None
     declaration: Mapping[str, int | None] = field(default_factory=dict)
     unreadable: str | None = None
+    release: str = ""
 
     @property
     def namespace(self) -> str | None:
@@ -140,14 +145,17 @@ class Tenant:
         """The key is declared with a value that parses."""
         return self.declaration.get(key) is not None
 
-    def same_tenant(self, other: Tenant) -> bool:
-        return (self.release_namespace, self.name) == (other.release_namespace, other.name)
+    @property
+    def where(self) -> str:
+        return f"HelmRelease {self.release_namespace}/{self.release}"
 
 
 @dataclass(frozen=True)
 class App:
     """A VMInstance or KubernetesNodes app: its GPU entries (resource names), and for worker
-    pools their maximum size. `unreadable` says what could not be read of it."""
+    pools their size bounds. `unreadable` says what could not be read of it. `name` is the app's
+    name ("" when its release does not say); `release` the name of its HelmRelease ("" for the
+    object under review): every release reserves on its own."""
 
     namespace: str
     kind: str
@@ -155,6 +163,8 @@ class App:
     gpus: tuple[str, ...] = ()
     max_replicas: int | None = None
     unreadable: str | None = None
+    min_replicas: int | None = None
+    release: str = ""
 
     @property
     def identity(self) -> tuple[str, str, str]:
@@ -175,7 +185,7 @@ def app_from(
 ) -> App:
     """An app from its spec (the object under review) or its HelmRelease's values."""
     gpus = tuple(entry.name for entry in spec.gpus)
-    return App(namespace, kind, name, gpus, spec.max_replicas, unreadable)
+    return App(namespace, kind, name, gpus, spec.max_replicas, unreadable, spec.min_replicas)
 
 
 def tenant_declaration(quotas: Mapping[str, QuotaValue]) -> dict[str, int | None]:
@@ -230,15 +240,17 @@ class Reservation:
 
 
 def replicas(app: App) -> int:
-    """How many times an app's entries count: a worker pool its maxReplicas (10 when unset)."""
+    """How many times an app's entries count: a worker pool max(maxReplicas, minReplicas), with
+    maxReplicas 10 when unset (the autoscaler never goes below minReplicas)."""
     if app.kind != KUBERNETES_NODES:
         return 1
-    return DEFAULT_MAX_REPLICAS if app.max_replicas is None else app.max_replicas
+    most = DEFAULT_MAX_REPLICAS if app.max_replicas is None else app.max_replicas
+    return max(most, app.min_replicas or 0)
 
 
 def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservation:
     """Declared sizes, not use: a VM reserves its entries per class (a halted VM too), a worker
-    pool its entries times maxReplicas."""
+    pool its entries times its size (`replicas`)."""
     if app is None:
         return Reservation()
     classes = tuple(classes)
@@ -280,8 +292,11 @@ class Pools:
     and apps a review read."""
 
     def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
-        tenants = tuple(tenants)
-        self.tenants = {t.namespace: t for t in tenants if t.namespace is not None}
+        claims: dict[str, list[Tenant]] = {}
+        for tenant in tenants:
+            if tenant.namespace is not None:
+                claims.setdefault(tenant.namespace, []).append(tenant)
+        self.tenants = {ns: _claimant(ns, claimed) for ns, claimed in claims.items()}
         self.unplaced = tuple(t for t in tenants if t.namespace is None)
         self.bounded = {ns: t for ns, t in self.tenants.items() if t.bounded}
         self.apps = tuple(apps)
@@ -327,15 +342,36 @@ class Pools:
 
     def read_by(self, root: str) -> list[Tenant | App]:
         """What the pool's arithmetic reads: its tenant, the tenants carving out of it, the apps of
-        its members, and tenants that may sit anywhere among those (unplaced ones)."""
+        its members, and unplaced tenants declared in a member namespace (any of them could be a
+        bounded sub-tenant carving out of the pool) or nowhere known."""
         unplaced = [
             t
             for t in self.unplaced
-            if not t.release_namespace  # not even where it was declared
-            or self.root(t.release_namespace) == root
-            or strictly_below(root, t.release_namespace)
+            if not t.release_namespace or self.root(t.release_namespace) == root
         ]
         return [self.tenant(root), *self.carving(root), *self.members(root), *unplaced]
+
+    def unsettled(self, namespace: str | None) -> list[Tenant]:
+        """Unplaced tenants that could own a namespace the walk from this one to its pool root
+        passes, where no placed tenant already owns it: any of them could be a bounded tenant
+        that makes the pool another one. Once every namespace on the way has its owner, unplaced
+        tenants elsewhere (a legacy release in `tenant-root`) change nothing here."""
+        could = []
+        while namespace is not None:
+            owner = owner_of(namespace)
+            if namespace not in self.tenants and owner is not None:
+                could += [t for t in self.unplaced if t.release_namespace in ("", owner[0])]
+            if namespace in self.bounded:
+                break
+            namespace = parent_namespace(namespace)
+        return could
+
+    def require_settled(self, namespace: str | None) -> None:
+        """FailedClosed naming the first unplaced tenant that could change this namespace's
+        pool."""
+        problems = sorted(t.unreadable or t.where for t in self.unsettled(namespace))
+        if problems:
+            raise FailedClosed(problems[0])
 
     def require_readable(self, root: str) -> None:
         """FailedClosed naming the first unreadable object this pool's arithmetic reads."""
@@ -344,6 +380,26 @@ class Pools:
         )
         if problems:
             raise FailedClosed(problems[0])
+
+
+def _claimant(namespace: str, claimed: list[Tenant]) -> Tenant:
+    """The tenant owning a namespace; when several releases claim it, none can be trusted: a
+    tenant that cannot be read, naming them, which fails closed every verdict that needs it."""
+    if len(claimed) == 1:
+        return claimed[0]
+    first, second = sorted(claimed, key=lambda t: (t.release_namespace, t.release))[:2]
+    return replace(
+        first,
+        declaration={},
+        unreadable=(f"{first.where} and {second.where} both claim tenant namespace {namespace}"),
+    )
+
+
+def pool_may_apply(tenants: Iterable[Tenant], namespace: str) -> bool:
+    """Whether a budget pool applies to the namespace, or could (an unplaced tenant might own a
+    namespace on its way up): the object under review is read only then."""
+    pools = Pools(tenants)
+    return pools.root(namespace) is not None or bool(pools.unsettled(namespace))
 
 
 def unreadable_objects(tenants: Iterable[Tenant], apps: Iterable[App]) -> tuple[str, ...]:
@@ -388,10 +444,20 @@ def check_app(
     its new value and not its old one. Only growth is checked: a key whose reservation does not
     grow passes, even in a pool already over budget. A key the pool does not declare is unbounded.
     """
-    classes, tenants = tuple(classes), tuple(tenants)
-    others = tuple(app for app in apps if app.identity != new.identity)
+    classes, tenants, apps = tuple(classes), tuple(tenants), tuple(apps)
+    stored = [app for app in apps if app.identity == new.identity]
+    # The app's own release is counted with its new value, not its old one; when several
+    # releases say they store it, none can be left out (each may reserve).
+    others = tuple(app for app in apps if app not in stored or len(stored) > 1)
     pools = Pools(tenants, others)
-    return _decided(lambda: _app_verdict(new, old, pools, classes), tenants, others)
+
+    def decide() -> Verdict:
+        if len(stored) > 1 and pools.root(new.namespace) is not None:
+            first, second = sorted(f"HelmRelease {a.namespace}/{a.release}" for a in stored)[:2]
+            raise FailedClosed(f"{first} and {second} both store {new.kind} {new.name}")
+        return _app_verdict(new, old, pools, classes)
+
+    return _decided(decide, tenants, others)
 
 
 @dataclass(frozen=True)
@@ -460,6 +526,7 @@ APP_RULES: tuple[Callable[[AppReview], Verdict | None], ...] = (
 def _app_verdict(
     new: App, old: App | None, pools: Pools, classes: tuple[ClassIdentity, ...]
 ) -> Verdict:
+    pools.require_settled(new.namespace)
     root = pools.root(new.namespace)
     if root is None:
         return ALLOWED
@@ -492,10 +559,18 @@ def check_declaration(
     refused = declaration_refused(new)
     if refused is not None:
         return Verdict(False, refused)
-    others = tuple(t for t in tenants if not t.same_tenant(new))
+    stored = [t for t in tenants if t.namespace is not None and t.namespace == new.namespace]
+    others = tuple(t for t in tenants if t not in stored)
     pools = Pools((*others, new), apps)
     pool = pools.root(parent_namespace(new.namespace))
-    return _decided(lambda: _gate(new, old, pools, pool, classes), others, apps)
+
+    def decide() -> Verdict:
+        if len(stored) > 1:
+            raise FailedClosed(_claimant(new.namespace or "", stored).unreadable or "")
+        pools.require_settled(new.release_namespace)
+        return _gate(new, old, pools, pool, classes)
+
+    return _decided(decide, others, apps)
 
 
 def declaration_refused(new: Tenant) -> str | None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+# Matched whole (`fullmatch`): `$` would also match before a trailing newline, reading "1\n" as 1.
 _QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?"
 )
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
@@ -26,7 +27,7 @@ def parse_quantity(text: str) -> Fraction:
     """The exact value of a Kubernetes quantity string ("2", "1k", "2000m", "1Ki", "5e3")."""
     if len(text) > _MAX_LENGTH:
         raise QuantityError("quantity too long")
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise QuantityError("not a quantity")
     value = Fraction(match["number"])

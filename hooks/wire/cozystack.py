@@ -33,6 +33,7 @@ class AppSpec(_Cozystack):
 
     gpus: list[GpuEntry] = []
     max_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    min_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
     resource_quotas: dict[str, QuotaValue] = {}
 
 

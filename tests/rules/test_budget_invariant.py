@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.kubeapi.budget import scoped_tenancy
+from hooks.kubeapi.budget import release_object, scoped_tenancy
 from hooks.rules.budget import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
@@ -56,6 +56,9 @@ class Releases:
             for t in self.cluster.everything().tenants
             if t.release_namespace == release_namespace and t.name in names
         ]
+
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+        return []  # every release of these clusters carries its name label
 
     def namespace(self, namespace: str) -> list[Tenant | App]:
         everything = self.cluster.everything()
@@ -101,8 +104,13 @@ class Cluster:
 
     def everything(self) -> Tenancy:
         return Tenancy(
-            tuple(Tenant(r, n, dict(d)) for (r, n), d in self.tenants.items()),
-            tuple(App(ns, k, n, g, m) for (ns, k, n), (g, m) in self.apps.items()),
+            tuple(
+                Tenant(r, n, dict(d), release=f"tenant-{n}") for (r, n), d in self.tenants.items()
+            ),
+            tuple(
+                App(ns, k, n, g, m, release=f"{k.lower()}-{n}")
+                for (ns, k, n), (g, m) in self.apps.items()
+            ),
         )
 
     # The invariant, stated from scratch.
@@ -269,3 +277,306 @@ def test_pool_invariant_holds_after_every_admitted_operation(
         if allowed:
             cluster = after
         assert not cluster.breaches()
+
+
+# --- legacy clusters: unlabelled, duplicated and unplaceable releases ------------------------
+#
+# Long-lived clusters hold releases that migrations left without their name label, releases that
+# share an identity, Tenant releases whose names name no tenant, worker pools with minReplicas
+# above maxReplicas, and keys that look like budget keys. The model below places and counts them
+# as the design says (every release on its own; a Tenant release without a name label is named by
+# its release name; a pool reserves max(maxReplicas, minReplicas)); releases it cannot place it
+# leaves out, so the webhook may deny more than the model (it fails closed), never admit more:
+# after every admitted operation, every pool holds within its budget and every bounded tenant in
+# a pool declares the pool's keys.
+
+KIND_LABEL, NAME_LABEL = "apps.cozystack.io/application.kind", "apps.cozystack.io/application.name"
+PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "kubernetes-nodes"}
+SLASHLESS = ("gpuclass.cozystack.io", "l40s.gpuclass.cozystack.io")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A HelmRelease as the API server stores it: where, its name, its labels, its values."""
+
+    namespace: str
+    name: str
+    kind: str
+    label: str | None  # the application.name label; None: missing ("" counts the same)
+    values: dict[str, Any]
+
+    def raw(self) -> msgspec.Raw:
+        labels = {KIND_LABEL: self.kind}
+        if self.label is not None:
+            labels[NAME_LABEL] = self.label
+        body = {"metadata": {"name": self.name, "namespace": self.namespace, "labels": labels}}
+        return msgspec.Raw(json.dumps({**body, "spec": {"values": self.values}}).encode())
+
+
+def claimed_tenant(release: Release) -> str | None:
+    """Which tenant a Tenant release is: its name label, else what its release name says."""
+    if release.label:
+        return release.label
+    rest = release.name.removeprefix("tenant-")
+    if rest != release.name and rest.isalnum() and rest.islower():
+        return rest
+    return None
+
+
+@dataclass(frozen=True)
+class LegacyReleases:
+    """`ReleaseSource` over stored releases, with the label selection of the API server."""
+
+    releases: tuple[Release, ...]
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+        return [
+            release_object(r.raw())
+            for r in self.releases
+            if r.namespace == release_namespace and r.kind == "Tenant" and r.label in names
+        ]
+
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+        return [
+            release_object(r.raw())
+            for r in self.releases
+            if r.namespace == release_namespace and r.kind == "Tenant" and not r.label
+        ]
+
+    def namespace(self, namespace: str) -> list[Tenant | App]:
+        return [release_object(r.raw()) for r in self.releases if r.namespace == namespace]
+
+
+@dataclass(frozen=True)
+class LegacyCluster:
+    releases: tuple[Release, ...]
+
+    def classes(self) -> list[ClassIdentity]:
+        return list(CLASSES)
+
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        return scoped_tenancy(LegacyReleases(self.releases), namespaces)
+
+    # The model.
+    def claims(self) -> dict[str, list[dict[str, int]]]:
+        """Every placed Tenant release's budget-relevant declaration, by the namespace it owns."""
+        found: dict[str, list[dict[str, int]]] = {}
+        for release in self.releases:
+            name = claimed_tenant(release) if release.kind == "Tenant" else None
+            if name is not None:
+                quotas = release.values.get("resourceQuotas", {})
+                found.setdefault(own_namespace(release.namespace, name), []).append(quotas)
+        return found
+
+    def pool_of(self, namespace: str | None) -> str | None:
+        bounded = {ns for ns, claimed in self.claims().items() if any(claimed)}
+        while namespace is not None and namespace not in bounded:
+            namespace = parent_of(namespace)
+        return namespace
+
+    def held(self, pool: str, key: str) -> int:
+        total = 0
+        for release in self.releases:
+            if release.kind == "Tenant" or self.pool_of(release.namespace) != pool:
+                continue
+            times = 1
+            if release.kind == "KubernetesNodes":
+                most = release.values.get("maxReplicas")
+                times = max(10 if most is None else most, release.values.get("minReplicas") or 0)
+            per_key = Counter(CLASS_OF[g["name"]] for g in release.values.get("gpus", []))
+            total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
+        for namespace, claimed in self.claims().items():
+            if namespace != pool and self.pool_of(parent_of(namespace)) == pool:
+                total += sum(int(quotas.get(key, 0)) for quotas in claimed)
+        return total
+
+    def budgets(self) -> dict[str, dict[str, int]]:
+        """Each pool's budget per key: the least any of its claimants declares."""
+        found: dict[str, dict[str, int]] = {}
+        for namespace, claimed in self.claims().items():
+            for quotas in claimed:
+                for key in BUDGET_KEYS:
+                    if key in quotas:
+                        pool = found.setdefault(namespace, {})
+                        pool[key] = min(pool.get(key, int(quotas[key])), int(quotas[key]))
+        return found
+
+    def breaches(self) -> list[str]:
+        found = [
+            f"{pool} {key}: {self.held(pool, key)} held of {budget}"
+            for pool, keys in self.budgets().items()
+            for key, budget in keys.items()
+            if self.held(pool, key) > budget
+        ]
+        budgets = self.budgets()
+        for namespace, claimed in self.claims().items():
+            pool = self.pool_of(parent_of(namespace))
+            for quotas in (q for q in claimed if q):
+                missing = [k for k in budgets.get(pool or "", {}) if k not in quotas]
+                found += [f"{namespace} leaves out {k} of {pool}" for k in missing]
+        return found
+
+
+@dataclass(frozen=True)
+class AppOperation:
+    namespace: str
+    kind: str
+    name: str
+    gpus: tuple[str, ...]
+    max_replicas: int | None = None
+    min_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class TenantOperation:
+    release_namespace: str
+    name: str
+    quotas: dict[str, Any]
+
+
+def apply(
+    cluster: LegacyCluster, operation: AppOperation | TenantOperation
+) -> tuple[bool, LegacyCluster]:
+    """What the webhook says of the operation, and the cluster with it stored: Cozystack writes
+    the release named after the app (`vm-instance-<name>`, `tenant-<name>`), labelled or not, and
+    makes it labelled when there is none. The webhook sees the stored app through its label only,
+    and other releases claiming the same app stay as they are."""
+    if isinstance(operation, AppOperation):
+        kind, namespace, name = operation.kind, operation.namespace, operation.name
+        values: dict[str, Any] = {"gpus": [{"name": g} for g in operation.gpus]}
+        if operation.max_replicas is not None:
+            values["maxReplicas"] = operation.max_replicas
+        if operation.min_replicas is not None:
+            values["minReplicas"] = operation.min_replicas
+        stored = [
+            r for r in cluster.releases if (r.namespace, r.kind, r.label) == (namespace, kind, name)
+        ]
+    else:
+        kind, namespace, name = "Tenant", operation.release_namespace, operation.name
+        values = {"resourceQuotas": operation.quotas}
+        stored = [
+            r
+            for r in cluster.releases
+            if r.kind == "Tenant" and r.namespace == namespace and claimed_tenant(r) == name
+        ]
+    release_name = f"{PREFIX[kind]}-{name}"
+    written = [r for r in cluster.releases if (r.namespace, r.name) == (namespace, release_name)]
+    old = (written or stored or [None])[0]
+    body = request(kind, namespace, name, values, old.values if old is not None else None)
+    review = review_tenant if kind == "Tenant" else review_app
+    allowed = review(decode(body), cluster).verdict.allowed
+    if written:
+        replaced = replace(written[0], values=values)
+        releases = tuple(replaced if r is written[0] else r for r in cluster.releases)
+    else:
+        releases = (
+            *cluster.releases,
+            Release(namespace, f"{PREFIX[kind]}-{name}", kind, name, values),
+        )
+    return allowed, LegacyCluster(releases)
+
+
+@st.composite
+def legacy_clusters(draw: st.DrawFn) -> LegacyCluster:
+    """A consistent labelled tree (as `trees`), then legacy damage that keeps it consistent in
+    the model: name labels dropped or emptied, second releases claiming an unbounded tenant,
+    unplaceable Tenant releases."""
+    tree = draw(trees())
+    releases = [
+        Release(r, f"tenant-{n}", "Tenant", n, {"resourceQuotas": q} if q else {})
+        for (r, n), q in tree.tenants.items()
+    ]
+    releases += [
+        Release(ns, f"{PREFIX[k]}-{n}", k, n, app_body(g, m))
+        for (ns, k, n), (g, m) in tree.apps.items()
+    ]
+    damaged = []
+    for release in releases:
+        label = draw(st.sampled_from((release.label, None, "")))
+        damaged.append(replace(release, label=label))
+    namespaces = sorted({own_namespace(r, n) for r, n in tree.tenants})
+    unbounded = sorted((r, n) for (r, n), q in tree.tenants.items() if not q)
+    for release_namespace, name in draw(st.lists(st.sampled_from(unbounded), max_size=2)):
+        # a second release claiming the same tenant, left over by a migration
+        damaged.append(Release(release_namespace, f"{name}-old", "Tenant", name, {}))
+    for index in range(draw(st.integers(0, 2))):
+        quotas = draw(declarations)
+        where = draw(st.sampled_from(namespaces))
+        damaged.append(
+            Release(where, f"legacy-{index}", "Tenant", None, {"resourceQuotas": quotas})
+        )
+    cluster = LegacyCluster(tuple(damaged))
+    assert not cluster.breaches()
+    return cluster
+
+
+@st.composite
+def operations(draw: st.DrawFn) -> AppOperation | TenantOperation:
+    namespace = draw(st.sampled_from(("tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c")))
+    if draw(st.booleans()):
+        kind = draw(st.sampled_from(("VMInstance", "KubernetesNodes")))
+        gpus = tuple(draw(st.lists(st.sampled_from((L40S, H100)), max_size=3)))
+        most = least = None
+        if kind == "KubernetesNodes":
+            most = draw(st.none() | st.integers(0, 3))
+            least = draw(st.none() | st.integers(0, 4))
+        return AppOperation(
+            namespace, kind, draw(st.sampled_from(("v1", "p1", "app0"))), gpus, most, least
+        )
+    keys = st.sampled_from((*QUOTA_KEYS, *SLASHLESS))
+    quotas = draw(st.dictionaries(keys, st.integers(0, 12), max_size=4))
+    return TenantOperation(namespace, draw(st.sampled_from(NAMES)), quotas)
+
+
+UNLABELLED_ROOT = LegacyCluster(
+    (
+        Release("tenant-root", "tenant-root", "Tenant", None, {"resourceQuotas": {TOTAL: 2}}),
+        Release("tenant-root", "tenant-a", "Tenant", "a", {}),
+    )
+)
+TWO_UNLABELLED_VMS = LegacyCluster(
+    (
+        Release("tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {TOTAL: 2}}),
+        Release("tenant-root", "tenant-a", "Tenant", "a", {}),
+        Release("tenant-a", "vm-instance-one", "VMInstance", None, {"gpus": [{"name": L40S}]}),
+        Release("tenant-a", "vm-instance-two", "VMInstance", None, {"gpus": [{"name": L40S}]}),
+    )
+)
+
+
+TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
+    (
+        Release("tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {TOTAL: 2}}),
+        Release("tenant-root", "tenant-x", "Tenant", "x", {"resourceQuotas": {TOTAL: 1}}),
+        Release("tenant-root", "x-old", "Tenant", "x", {"resourceQuotas": {TOTAL: 1}}),
+    )
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(start=legacy_clusters(), steps=st.lists(operations(), min_size=1, max_size=25))
+@example(  # escape 1: a root release without its name label, its budget passed by
+    start=UNLABELLED_ROOT, steps=[AppOperation("tenant-a", "VMInstance", "big", (L40S,) * 5)]
+)
+@example(  # escape 3: two VM releases without a name label counted once
+    start=TWO_UNLABELLED_VMS, steps=[AppOperation("tenant-a", "VMInstance", "three", (L40S,))]
+)
+@example(  # escape 3: two Tenant releases labelled x counted one carve-out
+    start=TWO_RELEASES_OF_ONE_TENANT,
+    steps=[AppOperation("tenant-root", "VMInstance", "v", (L40S,))],
+)
+def test_no_admitted_operation_breaks_a_pool_of_a_legacy_cluster(
+    start: LegacyCluster, steps: list[AppOperation | TenantOperation]
+) -> None:
+    cluster = start
+    for operation in steps:
+        allowed, after = apply(cluster, operation)
+        if isinstance(operation, TenantOperation) and set(operation.quotas) & set(SLASHLESS):
+            assert not allowed, f"a key without a slash was accepted: {operation.quotas}"
+        if allowed:
+            assert not after.breaches(), f"admitted {operation}: {after.breaches()}"
+            cluster = after
