@@ -65,9 +65,11 @@ fuzz: $(BIN)/gpuclass-hooks
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
-# Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, ~8 GB).
+# Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, several
+# GB); ARGS=--slow-clients: 32 stalled clients beside ten M-sized syncs.
+ARGS ?=
 bench-load: $(BIN)/gpuclass-hooks
-	$(BIN)/python -m bench.load
+	$(BIN)/python -m bench.load $(ARGS)
 
 # Budget reviews against a real kube-apiserver holding 200x50 and 1000x50 tenants x apps: the
 # service's scoped reads and the fresh-LIST baseline (about 15 minutes; needs make tools).

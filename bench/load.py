@@ -12,17 +12,30 @@ reports, for a generated cluster of size L (about 455 MB per status sync):
 - the latency of a customize call and a license sync made while the L calls wait, against the
   same calls unloaded;
 - the throughput of sequential M-sized calls with the budget on and off.
+
+    python -m bench.load --slow-clients   # make bench-load ARGS=--slow-clients
+
+reports instead, in one run under the same 2 GiB limit, 32 stalled clients that carry the bearer
+token (a partitioned Metacontroller: half declare 1 MB, half 50 MB, send a little and then
+nothing) together with ten concurrent M-sized syncs, retried after Retry-After as Metacontroller
+does: the latency of /healthz and /readyz (health port) and of small customize calls, that every
+M sync is answered 200 once the stalled clients' deadline passed, and the whole process tree's
+peak memory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 
@@ -56,8 +69,8 @@ def timed_ms(url: str, body: bytes) -> float:
     return 1000 * (time.perf_counter() - started)
 
 
-def waiting_calls(url: str) -> float:
-    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
+def waiting_calls(metrics: str) -> float:
+    for line in requests.get(f"{metrics}/metrics", timeout=10).text.splitlines():
         if line.startswith("cozystack_gpu_hook_memory_waiting_calls "):
             return float(line.split()[1])
     return 0.0
@@ -92,12 +105,12 @@ def run_load(
             time.sleep(1.0)  # the large calls arrive, and reserve or wait
             # Small calls while the large ones are in flight; with a budget, some of them wait.
             while not all(f.done() for f in futures) and len(load.customize_ms) < SAMPLES:
-                load.waiting.append(waiting_calls(server.url))
+                load.waiting.append(waiting_calls(server.metrics))
                 load.customize_ms.append(timed_ms(f"{server.url}/status/customize", customize))
                 load.license_ms.append(timed_ms(f"{server.url}/license/sync", license_body))
         load.wall_s = time.perf_counter() - started
         load.peak_mb = peak.mb
-        alive = server.master.poll() is None and requests.get(f"{server.url}/healthz").ok
+        alive = server.master.poll() is None and requests.get(f"{server.health}/healthz").ok
     for result in results:
         if isinstance(result, Exception):
             load.lost += 1
@@ -132,6 +145,135 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] if ordered else 0.0
+
+
+STALLED = 32
+TOKEN = "bench-token"
+BEARER = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+
+def stall(url: str, declared: int, opened: list[socket.socket]) -> None:
+    """A client that carries the token, declares `declared` bytes, sends 64 KiB and then
+    nothing, keeping its connection open until the server closes it."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)))
+    head = (
+        f"POST /status/sync HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    connection.sendall(head.encode() + b" " * 65536)
+    opened.append(connection)
+
+
+def synced_until_200(url: str, body: bytes, deadline: float) -> tuple[int, int]:
+    """Post until 200, honouring Retry-After as Metacontroller does; (final code, attempts)."""
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            response = requests.post(url, data=body, headers=BEARER, timeout=60)
+        except requests.RequestException:
+            code, wait = 0, 1.0
+        else:
+            code = response.status_code
+            wait = float(response.headers.get("Retry-After", "1"))
+        if code == 200 or time.monotonic() + wait > deadline:
+            return code, attempts
+        time.sleep(wait)
+
+
+def timed_get(url: str) -> float:
+    started = time.perf_counter()
+    requests.get(url, timeout=10).raise_for_status()
+    return 1000 * (time.perf_counter() - started)
+
+
+def slow_clients(api: str, size: str) -> int:
+    """32 stalled clients with the token, and ten concurrent syncs of `size`."""
+    body = status_sync_body(generate(size))
+    customize = example_customize(body)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = Path(tmp, "tokens")
+        tokens.write_text(TOKEN + "\n")
+        settings = {**BUDGET_ON, "GPUCLASS_AUTH_TOKEN_FILE": str(tokens)}
+        with serve(api, threads=64, settings=settings) as server:
+            small = f"{server.url}/status/customize"
+            unloaded = [timed_post(small, customize) for _ in range(SAMPLES)]
+            probes_unloaded = [timed_get(f"{server.health}/readyz") for _ in range(SAMPLES)]
+            opened: list[socket.socket] = []
+            results: list[tuple[int, int]] = []
+            started = time.monotonic()
+            with server.peak_memory() as peak:
+                for index in range(STALLED):
+                    stall(server.url, 1_000_000 if index % 2 else 50_000_000, opened)
+                time.sleep(0.5)
+                syncs = [
+                    threading.Thread(
+                        target=lambda: results.append(
+                            synced_until_200(f"{server.url}/status/sync", body, started + 120)
+                        )
+                    )
+                    for _ in range(CALLS)
+                ]
+                for thread in syncs:
+                    thread.start()
+                probes: list[float] = []
+                loaded: list[float] = []
+                while any(thread.is_alive() for thread in syncs):
+                    probes.append(timed_get(f"{server.health}/healthz"))
+                    probes.append(timed_get(f"{server.health}/readyz"))
+                    loaded.append(timed_post(small, customize))
+                    time.sleep(0.05)
+                wall = time.monotonic() - started
+            for connection in opened:
+                connection.close()
+            scrape = requests.get(f"{server.metrics}/metrics", timeout=10).text
+    deadlines = [line for line in scrape.splitlines() if "apart_calls_total{" in line]
+    print(f"[slow clients] {STALLED} stalled (half 1 MB, half 50 MB declared), {CALLS} x "
+          f"{len(body) / MB:.0f} MB syncs; 64 threads; memory limit {LIMIT // MB} MB; "
+          "body deadline 10 s + size at 8 MiB/s, at most the 30 s hook timeout")  # fmt: skip
+    print(
+        f"  probes: p99 {p99(probes):.1f} ms (unloaded {p99(probes_unloaded):.1f} ms), "
+        f"{len(probes)} samples"
+    )
+    print(
+        f"  customize: p99 {p99(loaded):.1f} ms (unloaded {p99(unloaded):.1f} ms), "
+        f"median {median(loaded):.1f} ms (unloaded {median(unloaded):.1f} ms)"
+    )
+    codes = [code for code, _ in results]
+    print(
+        f"  syncs: {codes.count(200)}/{CALLS} answered 200, attempts "
+        f"{sorted(attempts for _, attempts in results)}, all done in {wall:.1f} s"
+    )
+    print(f"  peak memory of the process tree: {peak.mb:,.0f} MB")
+    print("  " + "\n  ".join(deadlines))
+    checks = [
+        ("probes answer within 50 ms at p99", p99(probes) <= 50, f"{p99(probes):.1f} ms"),
+        ("customize within unloaded + 10 ms at p99", p99(loaded) <= p99(unloaded) + 10,
+         f"{p99(loaded):.1f} vs {p99(unloaded):.1f} ms"),
+        ("every sync answered 200", codes.count(200) == CALLS, f"{codes}"),
+        (f"peak memory under {LIMIT // MB} MB", peak.mb < LIMIT / MB, f"{peak.mb:.0f} MB"),
+    ]  # fmt: skip
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+def example_customize(sync_body: bytes) -> bytes:
+    """A customize request for the class the sync is about."""
+    parent = json.loads(sync_body)["parent"]
+    return json.dumps({"controller": {}, "parent": parent}).encode()
+
+
+def timed_post(url: str, body: bytes) -> float:
+    started = time.perf_counter()
+    requests.post(url, data=body, headers=BEARER, timeout=60).raise_for_status()
+    return 1000 * (time.perf_counter() - started)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="bench.load",
@@ -140,7 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", default="L", help="cluster size of the concurrent calls")
     parser.add_argument("--sequential", default="M", help="size of the sequential calls")
+    parser.add_argument(
+        "--slow-clients", action="store_true", help="stalled clients beside M-sized syncs"
+    )
     args = parser.parse_args(argv)
+    if args.slow_clients:
+        with kubevirt_api() as api:
+            return slow_clients(api, "M")
     checks: list[tuple[str, bool, str]] = []
     large = generate(args.size)
     first = status_sync_body(large)

@@ -181,6 +181,8 @@ class Server:
 
     url: str
     master: subprocess.Popen[bytes]
+    health: str  # /healthz and /readyz
+    metrics: str  # /metrics
 
     def worker_pid(self) -> int:
         return process_tree(self.master.pid)[1]
@@ -213,11 +215,9 @@ class Server:
 def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Iterator[Server]:
     """`gpuclass-hooks serve` on loopback, with extra GPUCLASS_ settings if given."""
     with tempfile.TemporaryDirectory() as tmp:
-        import socket
+        from tests.live import free_port
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port, health_port, metrics_port = free_port(), free_port(), free_port()
         env = dict(
             os.environ,
             GPUCLASS_KUBE_API=api,
@@ -236,20 +236,23 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
                 f"127.0.0.1:{port}",
                 "--threads",
                 str(threads),
+                f"--health-port={health_port}",
+                f"--metrics-port={metrics_port}",
             ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}"
+        health, metrics = f"http://127.0.0.1:{health_port}", f"http://127.0.0.1:{metrics_port}"
         try:
             for _ in range(200):
                 try:
-                    requests.get(f"{url}/readyz", timeout=1)
+                    requests.get(f"{health}/readyz", timeout=1).raise_for_status()
                     break
                 except requests.RequestException:
                     time.sleep(0.1)
-            yield Server(url, master)
+            yield Server(url, master, health, metrics)
         finally:
             master.send_signal(signal.SIGTERM)
             master.wait(timeout=60)

@@ -16,9 +16,10 @@ large, is computed in a child process:
 - Children come from a fork server that has the hooks imported, so a child starts in milliseconds
   and is never a fork of the threaded serving process (whose locks other threads may hold).
 
-A bad request is answered 400 as in the serving process. Anything else that goes wrong in the child
-(an error, a crash, no answer within `DEADLINE_SECONDS`) kills the child and answers 500; nothing
-was applied, and Metacontroller retries.
+A bad request is answered 400 as in the serving process. Anything else that goes wrong (a fork
+server that does not start the child, an error or a crash in the child, no answer within the hook
+timeout, `GPUCLASS_HOOK_TIMEOUT`, by which the caller has given up) kills the child and answers 500;
+nothing was applied, and Metacontroller retries.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import mmap
 import multiprocessing
 import os
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -47,9 +49,6 @@ from hooks.wire.problems import BadRequest
 # lower priority, a child yields the CPU to them at once instead of at the scheduler's next turn,
 # and still has every cycle nobody else wants.
 CHILD_NICENESS = 10
-# Above the chart's 30 s hook timeout and equal to gunicorn's worker timeout: a child still
-# computing by then is stuck, and its reservation of the memory budget must be given back.
-DEADLINE_SECONDS = 60.0
 
 # What the fork server imports before it forks a child: this module and the handlers it reaches,
 # which keep Flask, prometheus-client and requests out (checked by the import contracts).
@@ -94,14 +93,17 @@ def compute(
     kubevirt: Callable[[], KubeVirtView],
     chunks: Iterator[bytes],
     length: int,
-    deadline_seconds: float = DEADLINE_SECONDS,
+    deadline_seconds: float,
 ) -> Answer:
     """The hook's answer to a body of `length` bytes read from `chunks`, computed in a child
-    (the hook travels by reference: its handler must be a module-level function).
+    (the hook travels by reference: its handler must be a module-level function), within
+    `deadline_seconds` from now.
 
-    Raises BadRequest as the hook would; FailedElsewhere when the child failed or ran out of time;
-    and whatever reading `chunks` raises (a client gone mid-body), after killing the child.
+    Raises BadRequest as the hook would; FailedElsewhere when the child could not be started, or
+    failed or ran out of time; and whatever reading `chunks` raises (a client gone or stalled
+    mid-body), after killing the child.
     """
+    deadline = time.monotonic() + deadline_seconds
     ours, theirs = _CONTEXT.Pipe()
     body_out, body_in = socket.socketpair()  # hands the child the body's memory file
     child = _CONTEXT.Process(
@@ -110,9 +112,15 @@ def compute(
         name=f"hook {hook.path}",
         daemon=True,
     )
-    child.start()  # it starts while the body is read
-    theirs.close()
-    body_in.close()
+    try:
+        _start(child, deadline)  # it starts while the body is read
+    except BaseException:
+        ours.close()
+        body_out.close()
+        raise
+    finally:
+        theirs.close()
+        body_in.close()
     try:
         with body_out:
             body = _shared_body(chunks)  # a client gone mid-body raises here
@@ -123,7 +131,7 @@ def compute(
             finally:
                 os.close(body)  # the child holds its own reference now
         try:
-            ended = _await_end(ours, kubevirt, deadline_seconds)
+            ended = _await_end(ours, kubevirt, deadline)
         except (EOFError, OSError):
             _died(hook.path, child)
     except BaseException:
@@ -156,10 +164,41 @@ def _shared_body(chunks: Iterator[bytes]) -> int:
     return body
 
 
-def _await_end(
-    ours: Connection, kubevirt: Callable[[], KubeVirtView], deadline_seconds: float
-) -> Ended:
-    deadline = time.monotonic() + deadline_seconds
+def _start(child: BaseProcess, deadline: float) -> None:
+    """Start the child through the fork server, or give up at the deadline: a fork server that
+    does not answer (stopped, or swapped out) must not hold the call, and its reservation,
+    forever. A child that starts after the call gave up is killed at once."""
+    decided = threading.Lock()
+    started = threading.Event()
+    abandoned: list[bool] = []
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            child.start()
+        except BaseException as error:  # reported to the waiting call, or dropped with it
+            failure.append(error)
+        with decided:
+            if not abandoned:
+                started.set()
+                return
+        if not failure:
+            child.kill()
+            child.join()
+
+    threading.Thread(target=start, name="fork server start", daemon=True).start()
+    if not started.wait(max(0.0, deadline - time.monotonic())):
+        with decided:
+            if not started.is_set():
+                abandoned.append(True)
+                raise FailedElsewhere(
+                    "StartTimedOut", ["the fork server did not start a child in time"]
+                )
+    if failure:
+        raise failure[0]
+
+
+def _await_end(ours: Connection, kubevirt: Callable[[], KubeVirtView], deadline: float) -> Ended:
     while ours.poll(max(0.0, deadline - time.monotonic())):
         message: Any = ours.recv()
         if message == _KUBEVIRT:
@@ -167,7 +206,7 @@ def _await_end(
             continue
         ended: Ended = message
         return ended
-    raise FailedElsewhere("DeadlineExceeded", [f"no answer within {deadline_seconds:g} s"])
+    raise FailedElsewhere("DeadlineExceeded", ["no answer within the hook timeout"])
 
 
 def _died(path: str, child: BaseProcess) -> NoReturn:

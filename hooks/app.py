@@ -1,6 +1,8 @@
 """create_app(settings): wiring only. The hooks are the table in `hooks.routes`; reading bodies,
 answers and error codes are `hooks.http`; this module serves the one with the other, and adds the
-probes, the metrics and the checks every call passes first (token, then memory)."""
+checks every call passes first: the token (401), HTTPS for the API server's routes (403), a
+declared length within the limit (411, 413), then the memory budget (429). Probes and metrics are
+served on ports of their own (`hooks.ops`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from hooks import apart, http
-from hooks.answer import Answer
+from hooks.answer import Answer, FailedElsewhere
 from hooks.auth import TokenFile
 from hooks.controllers.budget import BudgetInputs
 from hooks.kubeapi.budget import BudgetReader
@@ -21,10 +23,16 @@ from hooks.memory import LARGE_BODY_BYTES, MemoryBudget, memory_budget
 from hooks.metrics import Metrics
 from hooks.routes import HOOKS, Hook, Service
 from hooks.settings import Settings
+from hooks.wire.problems import BadRequest
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def stale_after_seconds(settings: Settings) -> float:
+    """A class's metrics outlive three status resyncs without a sync of it, then go."""
+    return 3 * settings.status_resync_seconds
 
 
 def create_app(
@@ -32,7 +40,6 @@ def create_app(
     *,
     kubevirt: KubeVirtReader | None = None,
     clock: Callable[[], datetime] = _utcnow,
-    state: http.ServiceState | None = None,
     metrics: Metrics | None = None,
     budgets: BudgetInputs | None = None,
     memory: MemoryBudget | None = None,
@@ -41,92 +48,95 @@ def create_app(
     """The hooks' app. Calls to pure hooks with a body of `apart_from_bytes` or more are computed
     in a process of their own (`hooks.apart`); None computes every call in its thread."""
     app = Flask("hooks")
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    exported = metrics or Metrics()
+    exported = metrics or Metrics(stale_after_seconds(settings))
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
     service = Service(settings, reader.view, budgets or BudgetReader(settings), clock)
-    readiness = state or http.ServiceState()
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     if memory is None:
         memory = memory_budget(settings)
     exported.watch_memory(memory)
-    guarded = {hook.path for hook in HOOKS if hook.needs_token}
-    if settings.metrics_require_auth:
-        guarded.add("/metrics")
+    hooks = {hook.path: hook for hook in HOOKS}
 
     @app.before_request
-    def authenticate() -> Response | None:
+    def start() -> None:
         g.started = time.perf_counter()
-        # Checked before anything reads the body: an unauthenticated caller costs no decode.
-        if tokens is None or request.path not in guarded:
-            return None
-        if tokens.accepts(request.headers.get("Authorization")):
-            return None
-        return http.error_response("missing or invalid bearer token", 401)
+        exported.calls_in_progress.inc()
+        g.counted = True
 
     @app.before_request
-    def reserve_memory() -> Response | None:
-        if memory is None or request.method not in ("POST", "PUT", "PATCH"):
+    def guard() -> Response | None:
+        """Every check that needs no body, cheapest first: an unauthenticated or undeclared call
+        costs no read, no reservation and no child."""
+        hook = hooks.get(request.path)
+        if hook is None:
             return None
-        return http.reserve_memory(memory, settings.max_body_bytes, exported)
-
-    @app.teardown_request
-    def release_memory(error: BaseException | None) -> None:
-        # Runs on every path: answered, refused, failed, or the client gone mid-body.
-        http.release_memory()
+        authorization = request.headers.get("Authorization")
+        if hook.needs_token and tokens is not None and not tokens.accepts(authorization):
+            return http.error_response("missing or invalid bearer token", 401)
+        if hook.https_only and not request.is_secure:
+            return http.error_response("admission webhooks are served over HTTPS only", 403)
+        refused = http.declared_length(settings.max_body_bytes)
+        if refused is not None or memory is None:
+            return refused
+        return http.reserve_memory(memory, request.content_length or 0, exported)
 
     @app.after_request
     def record(response: Response) -> Response:
         started = g.get("started", time.perf_counter())
         seconds = time.perf_counter() - started
-        exported.observe_call(
-            http.route_template(), response.status_code, seconds, g.get("body_bytes", 0)
-        )
+        route = http.route_template()
+        exported.observe_call(route, response.status_code, seconds, g.get("body_bytes", 0))
+        http.log_call(response)
         return response
 
+    @app.teardown_request
+    def finish(error: BaseException | None) -> None:
+        # Runs on every path: answered, refused, failed, or the client gone mid-body.
+        http.release_memory()
+        if g.pop("counted", False):
+            exported.calls_in_progress.dec()
+
     def runs_apart(hook: Hook, length: int) -> bool:
-        return (
-            hook.pure
-            and apart_from_bytes is not None
-            and apart_from_bytes <= length <= settings.max_body_bytes
-        )
+        return hook.pure and apart_from_bytes is not None and apart_from_bytes <= length
+
+    def computed_apart(hook: Hook, length: int) -> Answer:
+        """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
+        child's failure, or `not_read` when the body never arrived whole)."""
+        inputs = apart.Inputs(settings, clock())
+        deadline = settings.body_deadline_seconds(length)
+        chunks = http.body_chunks(length, deadline)
+        outcome = "not_read"
+        try:
+            result = apart.compute(
+                hook, inputs, reader.view, chunks, length, settings.hook_timeout_seconds
+            )
+            outcome = "answered"
+            return result
+        except BadRequest:
+            outcome = "bad_request"
+            raise
+        except FailedElsewhere as failure:
+            outcome = failure.error_type
+            raise
+        finally:
+            exported.apart_calls.labels(outcome=outcome).inc()
 
     def serve(hook: Hook) -> Callable[[], Response]:
-        def in_thread() -> Answer:
-            return hook.handle(service, http.read_body(settings.max_body_bytes))
-
         def view() -> Response:
-            if hook.https_only and not request.is_secure:
-                return http.error_response("admission webhooks are served over HTTPS only", 403)
-            length = request.content_length
-            if length is None or not runs_apart(hook, length):
-                return http.answer(hook.path, in_thread, exported)
-            inputs = apart.Inputs(settings, clock())
-            return http.answer(
-                hook.path,
-                lambda: apart.compute(hook, inputs, reader.view, http.body_chunks(length), length),
-                exported,
-            )
+            length = request.content_length or 0
+            if runs_apart(hook, length):
+                return http.answer(hook.path, lambda: computed_apart(hook, length), exported)
+
+            def in_thread() -> Answer:
+                body = http.read_body(length, settings.body_deadline_seconds(length))
+                return hook.handle(service, body)
+
+            return http.answer(hook.path, in_thread, exported)
 
         return view
 
     for hook in HOOKS:
         app.add_url_rule(hook.path, hook.path, serve(hook), methods=["POST"])
-
-    @app.get("/metrics")
-    def metrics_route() -> Response:
-        payload, content_type = exported.exposition()
-        return Response(payload, content_type=content_type)
-
-    @app.get("/healthz")
-    def healthz() -> Response:
-        return http.json_response(b'{"status":"ok"}')
-
-    @app.get("/readyz")
-    def readyz() -> Response:
-        if readiness.draining:
-            return http.error_response("shutting down", 503)
-        return http.json_response(b'{"status":"ready"}')
 
     app.register_error_handler(HTTPException, http.http_error)
     app.register_error_handler(Exception, http.unexpected_error)

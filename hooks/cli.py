@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import ssl
 import sys
@@ -42,14 +43,16 @@ def _positive(text: str) -> int:
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
-    from hooks import apart
-    from hooks.app import create_app
-    from hooks.http import ServiceState
+    from hooks import apart, ops
+    from hooks.app import create_app, stale_after_seconds
+    from hooks.metrics import Metrics
 
     settings = _load_settings()
-    # Made before gunicorn forks: each worker holds its own copy, which its app's readiness
-    # probe reads and its SIGTERM handler drains.
-    state = ServiceState()
+    # Made before gunicorn forks: each worker holds its own copy, which its readiness probe
+    # reads and its SIGTERM handler drains.
+    state = ops.ServiceState()
+    host = args.bind.rpartition(":")[0].strip("[]") or "0.0.0.0"
+    exported: list[Metrics] = []  # the worker's, made when it loads the app
     logs.configure()
     # Large calls are computed in other processes, but the threads reading their bodies still run
     # Python between reads, and a small call that needs the interpreter waits up to one switch
@@ -64,10 +67,11 @@ def serve(args: argparse.Namespace) -> int:
                 "workers": args.workers,
                 "worker_class": "gthread",
                 "threads": args.threads,
-                # Above Metacontroller's hook timeout (30 s in the chart): a slow large request
-                # is answered rather than killed mid-way and retried from scratch.
-                "timeout": 60,
-                "graceful_timeout": 25,
+                # A worker whose main loop is stuck this long is restarted: beyond the hook
+                # timeout, so that a slow large call is answered rather than killed mid-way.
+                "timeout": math.ceil(2 * settings.hook_timeout_seconds),
+                # In-flight calls finish within the hook timeout (their callers give up then).
+                "graceful_timeout": math.ceil(settings.hook_timeout_seconds),
                 "keepalive": 5,
                 "accesslog": None,
                 "errorlog": "-",
@@ -88,13 +92,19 @@ def serve(args: argparse.Namespace) -> int:
                     self.cfg.set(key, value)
 
         def load(self) -> Any:
-            return create_app(settings, state=state)
+            exported.append(Metrics(stale_after_seconds(settings)))
+            return create_app(settings, metrics=exported[-1])
 
     def start_worker(worker: Any) -> None:
         drain_on_sigterm(worker)
+        metrics = exported[-1]
+        # gthread's pool of threads: its queue holds the calls that wait for a thread.
+        metrics.watch_threads(args.threads, worker.tpool._work_queue.qsize)
         # Each worker has its own fork server for large calls, started before the first one
-        # arrives (which would otherwise wait for it to import the hooks, about a second).
+        # arrives (which would otherwise wait for it to import the hooks, about a second), and
+        # before the probes answer: a worker that reports ready can compute a large call.
         apart.start()
+        ops.start(settings, host, args.health_port, args.metrics_port, state, metrics)
 
     def drain_on_sigterm(worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the
@@ -177,10 +187,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="gunicorn worker processes (default 1: metrics live in one process)",
     )
-    # Above Metacontroller's 10 concurrent calls, with room for admission reviews, probes and
-    # metrics: a call waiting for the memory budget holds a thread, not memory.
+    # A stalled or slow body holds a thread until its deadline: enough threads that every
+    # caller that can stall (Metacontroller's workers, the API server's reviews) may, and small
+    # calls still find one (docs/decisions.md). A call waiting for the memory budget holds a
+    # thread, not memory; bodies below the budget's threshold, one per thread, fit its reserve.
     run.add_argument(
-        "--threads", type=_positive, default=16, help="threads per worker (default 16)"
+        "--threads", type=_positive, default=64, help="threads per worker (default 64)"
+    )
+    run.add_argument(
+        "--health-port",
+        type=int,
+        default=8081,
+        help="/healthz and /readyz, plain HTTP, on the --bind host (default 8081)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        help="/metrics, HTTPS when the hooks are, on the --bind host (default 9090)",
     )
     run.add_argument(
         "--worker-tmp-dir",
@@ -192,9 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     offline = commands.add_parser(
         "plan",
         help="what the hooks would do on a cluster dump, offline",
-        description="Reads `kubectl get nodes,pods,namespaces,secrets,gpuclasses -A -o json` "
-        "(and the KubeVirt CR) and runs both hooks on it. Settings as for serve (GPUCLASS_*), "
-        "or the flags below. Token values are never printed.",
+        description="Reads a cluster dump (nodes, pods, namespaces, the license Secrets, the "
+        "GPUClasses and the KubeVirt CR; see docs/plan.md) and runs both hooks on it. Settings "
+        "as for serve (GPUCLASS_*), or the flags below. Token values are never printed.",
     )
     offline.add_argument("files", nargs="+", metavar="FILE", help="JSON or YAML: Lists or objects")
     offline.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")

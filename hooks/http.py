@@ -8,15 +8,17 @@ weigh hundreds of megabytes, and keep it until the request ends).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from typing import Any
 
 import msgspec
 from flask import Response, g, request
-from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import ClientDisconnected, HTTPException, RequestTimeout
 
 from hooks.answer import Answer, FailedElsewhere
 from hooks.logs import log
@@ -36,28 +38,15 @@ SKIPPED_NAMED = 20
 CHUNK_BYTES = 1024 * 1024
 
 
-class ServiceState:
-    """Process-wide state the routes share: whether the process still accepts hook calls."""
-
-    def __init__(self) -> None:
-        self._draining = threading.Event()
-
-    @property
-    def draining(self) -> bool:
-        return self._draining.is_set()
-
-    def drain(self) -> None:
-        self._draining.set()
-
-
 def json_response(payload: bytes, code: int = 200) -> Response:
     return Response(payload, status=code, mimetype=JSON)
 
 
 def error_response(message: str, code: int) -> Response:
     response = json_response(msgspec.json.encode({"error": message}), code)
-    if code in (401, 411, 413, 429):
-        # The body was not read: closing spares gunicorn from draining it for keep-alive.
+    if code in (401, 403, 408, 411, 413, 429):
+        # The body was not read (or not all of it): closing spares gunicorn from draining it for
+        # keep-alive.
         response.headers["Connection"] = "close"
     return response
 
@@ -67,100 +56,144 @@ def route_template() -> str:
     return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
-def read_body(max_bytes: int) -> bytes:
-    """The body, once, as bytes, refused (413) past the limit.
-
-    With a declared length the WSGI input is read in one call of exactly that size: Werkzeug's
-    `get_data` reads 64 KiB at a time and copies again at the end, which on a large request
-    costs more than decoding it. A chunked body goes through Werkzeug, which cuts it at the
-    limit, so reaching the limit means too large.
-    """
+def declared_length(max_bytes: int) -> Response | None:
+    """Refuse, unread, a hook call whose body comes chunked (411: Metacontroller and the API
+    server always send Content-Length, and the memory budget reserves from it) or is too large
+    (413)."""
     length = request.content_length
-    if length is None:
-        body = request.get_data(cache=False)
-        if len(body) >= max_bytes:
-            raise RequestEntityTooLarge()
-    else:
-        if length > max_bytes:
-            raise RequestEntityTooLarge()
-        body = request.environ["wsgi.input"].read(length) if length else b""
-        if len(body) != length:
-            raise ClientDisconnected()
-    g.body_bytes = len(body)
-    return bytes(body)
+    if length is None and request.headers.get("Transfer-Encoding"):
+        return error_response("send Content-Length: hook bodies are read by their length", 411)
+    length = length or 0  # neither header: HTTP says there is no body
+    if length > max_bytes:
+        return error_response(f"a body of {length} bytes is over the limit of {max_bytes}", 413)
+    return None
 
 
-def body_chunks(length: int) -> Iterator[bytes]:
-    """A body of declared length in pieces, so that it never lies whole in this process (the
-    pieces go into the memory file of the process that computes it)."""
+class _Deadline:
+    """The time a body has to arrive. When it passes, the connection's read side is shut, so that
+    a read stalled in the middle of the body returns at once, whatever the client trickles."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = threading.Event()
+        self._socket = request.environ.get("gunicorn.socket")
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _cut(self) -> None:
+        self.expired.set()
+        if self._socket is not None:
+            with suppress(OSError):
+                # The plain socket's shutdown: TLS's would drop its state, and the 408 must
+                # still go out over it.
+                socket.socket.shutdown(self._socket, socket.SHUT_RD)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def timed_out(self) -> RequestTimeout:
+        return RequestTimeout(
+            f"the request body did not arrive within {self.seconds:g} s "
+            "(GPUCLASS_BODY_TIMEOUT_SECONDS, GPUCLASS_BODY_MIN_BYTES_PER_SECOND)"
+        )
+
+
+def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes]:
+    """The declared body in pieces, read under its deadline (408 past it); a client gone before
+    the end raises ClientDisconnected."""
     stream = request.environ["wsgi.input"]
+    deadline = _Deadline(deadline_seconds)
     left = length
-    while left:
-        chunk = stream.read(min(left, CHUNK_BYTES))
-        if not chunk:
-            raise ClientDisconnected()
-        left -= len(chunk)
-        yield chunk
+    try:
+        while left:
+            try:
+                chunk = stream.read(min(left, CHUNK_BYTES))
+            except (OSError, ValueError) as error:  # the read side shut under a stalled read
+                if deadline.expired.is_set():
+                    raise deadline.timed_out() from None
+                raise ClientDisconnected() from error
+            if deadline.expired.is_set():
+                raise deadline.timed_out()
+            if not chunk:
+                raise ClientDisconnected()
+            left -= len(chunk)
+            yield chunk
+    finally:
+        deadline.cancel()
     g.body_bytes = length
+
+
+def read_body(length: int, deadline_seconds: float) -> bytes:
+    """The declared body, once, as bytes (its pieces joined once: Werkzeug's `get_data` copies
+    again at the end, which on a large request costs more than decoding it)."""
+    return b"".join(body_chunks(length, deadline_seconds)) if length else b""
 
 
 def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Response:
     """Run the hook (which reads the body), map its errors to codes, record a sync's outcome, and
-    log the call once."""
-    fields: dict[str, Any] = {"route": route}
+    note the facts of the call's log line."""
+    fields: dict[str, Any] = g.setdefault("log_fields", {})
     try:
         result = handle()
     except BadRequest as error:
         fields.update(outcome="bad_request", error=str(error))
-        response = error_response(str(error), 400)
+        return error_response(str(error), 400)
     except HTTPException as error:
         fields.update(outcome="refused", error=error.name)
-        response = error_response(error.description or error.name, error.code or 400)
-    else:
-        if result.skipped:
-            # Names and reasons, never contents; once per call.
-            log(
-                logging.WARNING,
-                "skipped unreadable objects",
-                route=route,
-                **result.about,
-                objects=list(result.skipped[:SKIPPED_NAMED]),
-                count=len(result.skipped),
-            )
-        if result.observation is not None:
-            metrics.record(result.observation)
-        fields.update(result.facts)
-        response = json_response(result.payload)
+        return error_response(error.description or error.name, error.code or 400)
+    if result.skipped:
+        # Names and reasons, never contents; once per call.
+        log(
+            logging.WARNING,
+            "skipped unreadable objects",
+            route=route,
+            **result.about,
+            objects=list(result.skipped[:SKIPPED_NAMED]),
+            count=len(result.skipped),
+        )
+    if result.observation is not None:
+        metrics.record(result.observation)
+    fields.update(result.facts)
+    return json_response(result.payload)
+
+
+def log_call(response: Response) -> None:
+    """One line per call, whatever answered it: a hook, a refusal before the body was read (401,
+    403, 411, 413, 429), a stalled body (408) or an error; with the reason for a refusal."""
+    fields: dict[str, Any] = {"route": route_template(), **g.get("log_fields", {})}
+    if response.status_code >= 400 and "error" not in fields:
+        fields.update(outcome="refused", error=_error_of(response))
     if "body_bytes" in g:
         fields["body_bytes"] = g.body_bytes
     duration = time.perf_counter() - g.get("started", time.perf_counter())
     fields.update(code=response.status_code, duration_ms=round(1000 * duration, 1))
     log(logging.INFO, "hook call", **fields)
-    return response
 
 
-def reserve_memory(memory: MemoryBudget, max_bytes: int, metrics: Metrics) -> Response | None:
+def _error_of(response: Response) -> str:
+    try:
+        message = msgspec.json.decode(response.get_data(), type=dict[str, str])["error"]
+    except (msgspec.DecodeError, KeyError):
+        return response.status
+    return message
+
+
+def reserve_memory(memory: MemoryBudget, length: int, metrics: Metrics) -> Response | None:
     """Hold the call until its share of the memory budget is free, or refuse it unread.
 
-    Called after authentication (only callers that may call can hold or wait for the budget);
-    the reservation is released by `release_memory` on every path.
+    Called after authentication and once the length is known to be declared and within the
+    limit (only callers that may call can hold or wait for the budget); the reservation is
+    released by `release_memory` on every path.
     """
-    length = request.content_length
-    if length is not None and length > max_bytes:
-        return None  # refused unread with 413 by read_body
-    chunked = length is None and "chunked" in request.headers.get("Transfer-Encoding", "")
-    # A body of unknown length may be as large as the body limit.
-    reservation = memory.reserve(max_bytes if chunked else (length or 0))
+    reservation = memory.reserve(length)
     if isinstance(reservation, Admitted):
         g.memory = reservation
         if reservation.share:
             metrics.memory_wait.observe(reservation.waited)
         return None
     if isinstance(reservation, NeverFits):
-        code = 411 if chunked else 413
-        metrics.memory_refused.labels(code=str(code)).inc()
-        if chunked:
-            return error_response("send Content-Length: the memory budget reserves from it", 411)
+        metrics.memory_refused.labels(code="413").inc()
         return error_response(
             f"a body of {length} bytes needs {reservation.share} bytes of the memory budget "
             f"({memory.budget_bytes} bytes) and can never fit: raise "

@@ -9,9 +9,9 @@ PER_CALL_BYTES` before it reads a byte, waits in arrival order while the budget 
 up after a bounded wait (the caller retries); the reservation is released when the call ends,
 however it ends.
 
-Small bodies (customize hooks, license syncs, admission reviews, probes and metrics) bypass the
-budget: they are never stuck behind a large sync that waits, and together they fit in the memory
-the budget leaves aside for the idle process.
+Small bodies (customize hooks, most license syncs, admission reviews) bypass the budget: they are
+never stuck behind a large sync that waits, and together they fit in the memory the budget leaves
+aside for the idle process.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ EXPANSION = 1.5
 # What a large call costs besides its expanded body: the process computing it (hooks.apart), and
 # buffers that do not grow with the body. Measured by `make bench`: 30-50 MB at S, M and L.
 PER_CALL_BYTES = 48 * MIB
-# A large call: its body reserves from the budget (smaller ones bypass it: ten at once, expanded,
-# stay within the reserve below), and a pure hook computes it in a process of its own.
-LARGE_BODY_BYTES = 8 * MIB
+# A large call: its body reserves from the budget (smaller ones bypass it: one per thread,
+# expanded, they stay within the reserve below), and a pure hook computes it in a process of its
+# own. Where it begins is measured (docs/scale.md): below it, the fork costs more than it saves.
+LARGE_BODY_BYTES = 512 * 1024
 # What the budget leaves to the service itself: the idle worker, its fork server and
 # multiprocessing's resource tracker (docs/scale.md has what they hold; large calls are computed
 # in processes that give everything back when they exit); the rest is headroom for the calls that

@@ -1,7 +1,8 @@
 """Prometheus metrics: per-class capacity and use, and the hooks' own traffic.
 
 Class series come from a custom collector over the latest computation of each class, so that a
-series can disappear: series older than three resync periods are dropped at scrape, and a class
+series can disappear: series older than three status resync periods
+(`GPUCLASS_STATUS_RESYNC_SECONDS`, which the chart passes) are dropped at scrape, and a class
 missing from a sync's full class list is forgotten at once. That is also why the service runs one
 process with threads: prometheus-client's multiprocess mode cannot remove a series.
 """
@@ -30,8 +31,6 @@ from hooks.memory import MemoryBudget
 from hooks.rules.capacity import Capacity
 from hooks.wire.kube import Condition
 
-STATUS_RESYNC_SECONDS = 60
-STALE_AFTER_SECONDS = 3 * STATUS_RESYNC_SECONDS
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
@@ -58,7 +57,8 @@ class LicenseSample:
 class ClassCollector(Collector):
     """Thread-safe store of the latest sample per class, exported at scrape time."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self._stale_after = stale_after_seconds
         self._clock = clock
         self._lock = threading.Lock()
         self._classes: dict[str, ClassSample] = {}
@@ -88,7 +88,7 @@ class ClassCollector(Collector):
         return self._clock()
 
     def _fresh(self) -> tuple[dict[str, ClassSample], dict[str, LicenseSample]]:
-        oldest = self._clock() - STALE_AFTER_SECONDS
+        oldest = self._clock() - self._stale_after
         with self._lock:
             for store in (self._classes, self._licenses):
                 for name in [n for n, s in store.items() if s.computed_at < oldest]:
@@ -154,11 +154,12 @@ class ClassCollector(Collector):
 
 
 class Metrics:
-    """Everything the service exports, in its own registry (one per app, so tests are isolated)."""
+    """Everything the service exports, in its own registry (one per app, so tests are isolated).
+    Class series older than `stale_after_seconds` are dropped at scrape."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float] = time.time) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.classes = ClassCollector(clock)
+        self.classes = ClassCollector(stale_after_seconds, clock)
         self.registry.register(self.classes)
         self.requests = Counter(
             "cozystack_gpu_hook_requests_total",
@@ -183,6 +184,29 @@ class Metrics:
         self.kubevirt_reads = Counter(
             "cozystack_gpu_kubevirt_reads_total",
             "Reads of the KubeVirt CR by outcome (found, absent, unreadable)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+        self.calls_in_progress = Gauge(
+            "cozystack_gpu_hook_calls_in_progress",
+            "Hook calls being answered, each holding one of the worker's threads",
+            registry=self.registry,
+        )
+        self.calls_queued = Gauge(
+            "cozystack_gpu_hook_calls_queued",
+            "Connections with a request waiting for a free thread of the worker",
+            registry=self.registry,
+        )
+        self.threads = Gauge(
+            "cozystack_gpu_hook_threads",
+            "Threads the worker answers hook calls with",
+            registry=self.registry,
+        )
+        self.apart_calls = Counter(
+            "cozystack_gpu_hook_apart_calls_total",
+            "Large calls computed in a process of their own, by outcome (answered, bad_request, "
+            "not_read, ChildDied, DeadlineExceeded, StartTimedOut, ...)",
             ["outcome"],
             registry=self.registry,
         )
@@ -218,6 +242,11 @@ class Metrics:
     def exposition(self) -> tuple[bytes, str]:
         """What a scrape gets: every series in the text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def watch_threads(self, threads: int, queued: Callable[[], int]) -> None:
+        """Export the worker's thread count, and read its queue of waiting calls at each scrape."""
+        self.threads.set(threads)
+        self.calls_queued.set_function(queued)
 
     def watch_memory(self, budget: MemoryBudget | None) -> None:
         """Export the budget, and read what is reserved and waiting at each scrape."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -178,6 +179,36 @@ class Settings(BaseSettings):
         shown="the cgroup's",
         gt=0,
     )
+    hook_timeout: str = setting(
+        "30s",
+        "how long a caller waits for a hook's answer, as a Go duration (`30s`, `1m30s`): a body "
+        "is read, and a large call computed, within it (then 408 or 500; the caller has given "
+        "up)",
+        chart="controllers.hookTimeout",
+    )
+    status_resync_seconds: float = setting(
+        60.0,
+        "the status controller's resync period: a class's metrics are dropped three periods "
+        "after its last sync",
+        chart="controllers.statusResyncPeriodSeconds",
+        gt=0,
+    )
+    body_timeout_seconds: float = setting(
+        10.0,
+        "how long a request body may take besides what its size needs at "
+        "`GPUCLASS_BODY_MIN_BYTES_PER_SECOND`: a client that sends slower is answered 408, and "
+        "what it held is released",
+        not_in_chart="callers on the cluster network send far faster; nothing to tune per install",
+        gt=0,
+        le=300,
+    )
+    body_min_bytes_per_second: int = setting(
+        8 * 1024**2,
+        "the slowest a request body may arrive, past `GPUCLASS_BODY_TIMEOUT_SECONDS`",
+        not_in_chart="callers on the cluster network send far faster; nothing to tune per install",
+        shown="`8388608` (8 MiB/s)",
+        gt=0,
+    )
     memory_wait_seconds: float = setting(
         20.0,
         "how long a call waits for the memory budget before it gets 429 with `Retry-After` "
@@ -202,6 +233,12 @@ class Settings(BaseSettings):
             parse_selector(value)
         except SelectorError as error:
             raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("hook_timeout")
+    @classmethod
+    def _is_go_duration(cls, value: str) -> str:
+        go_duration_seconds(value)
         return value
 
     @field_validator("kube_api")
@@ -237,6 +274,16 @@ class Settings(BaseSettings):
         return parse_selector(self.pod_selector)
 
     @property
+    def hook_timeout_seconds(self) -> float:
+        return go_duration_seconds(self.hook_timeout)
+
+    def body_deadline_seconds(self, length: int) -> float:
+        """How long a body of this many bytes may take to arrive: what its size needs at the
+        minimum rate, plus the body timeout, and never past the hook timeout."""
+        allowed = self.body_timeout_seconds + length / self.body_min_bytes_per_second
+        return min(allowed, self.hook_timeout_seconds)
+
+    @property
     def default_license_namespace(self) -> str:
         return self.license_namespaces[0]
 
@@ -250,6 +297,24 @@ class Settings(BaseSettings):
             return None
         host = f"[{host}]" if ":" in host else host
         return f"https://{host}:{port}"
+
+
+_GO_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(h|ms|m|s))+")
+_GO_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def go_duration_seconds(text: str) -> float:
+    """Seconds of a positive Go duration such as Metacontroller's hook timeouts: `30s`, `1m30s`,
+    `1.5h`."""
+    if not _GO_DURATION.fullmatch(text):
+        raise ValueError("must be a Go duration such as 30s or 1m30s")
+    seconds = sum(
+        float(number) * _GO_UNIT_SECONDS[unit]
+        for number, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
+    )
+    if seconds <= 0:
+        raise ValueError("must be longer than zero")
+    return seconds
 
 
 def describe_error(error: ValidationError) -> str:

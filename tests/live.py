@@ -24,9 +24,11 @@ def free_port() -> int:
 
 @dataclass
 class LiveServer:
-    url: str
+    url: str  # the hooks
     process: subprocess.Popen[bytes]
     log_path: Path
+    health: str  # /healthz and /readyz, plain HTTP
+    metrics: str  # /metrics, with the hooks' scheme
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -39,29 +41,33 @@ def live_server(
     *,
     args: tuple[str, ...] = (),
     scheme: str = "http",
-    verify: bool | str = True,
-    cert: tuple[str, str] | None = None,
 ) -> Iterator[LiveServer]:
-    port = free_port()
+    port, health_port, metrics_port = free_port(), free_port(), free_port()
     log_path = tmp_path / f"serve-{port}.log"
-    command = [sys.executable, "-m", "hooks.cli", "serve", "--bind", f"127.0.0.1:{port}", *args]
+    command = [
+        *(sys.executable, "-m", "hooks.cli", "serve", "--bind", f"127.0.0.1:{port}"),
+        *(f"--health-port={health_port}", f"--metrics-port={metrics_port}", *args),
+    ]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLASS_")} | env
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT)
     url = f"{scheme}://127.0.0.1:{port}"
+    health = f"http://127.0.0.1:{health_port}"
+    metrics = f"{scheme}://127.0.0.1:{metrics_port}"
     try:
         deadline = time.monotonic() + 20
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"server exited: {log_path.read_text()}")
             try:
-                requests.get(f"{url}/healthz", timeout=1, verify=verify, cert=cert)
+                # the worker answers probes once its fork server is up and it serves the hooks
+                requests.get(f"{health}/readyz", timeout=1).raise_for_status()
                 break
             except requests.RequestException:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        yield LiveServer(url, process, log_path)
+        yield LiveServer(url, process, log_path, health, metrics)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -26,6 +26,7 @@ from hooks.answer import Answer, FailedElsewhere
 from hooks.app import create_app
 from hooks.http import CHUNK_BYTES
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget
+from hooks.metrics import Metrics
 from hooks.routes import HOOKS, Hook, Service
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.settings import Settings
@@ -101,12 +102,14 @@ def test_pure_hooks_answer_the_same_apart_as_in_their_thread(
 ) -> None:
     answers = []
     for apart_from_bytes in (None, 0):
-        app = create_app(settings, clock=lambda: NOW, apart_from_bytes=apart_from_bytes)
-        client = app.test_client()
-        response = client.post(hook.path, data=example_of(hook.path))
+        metrics = Metrics(180.0)
+        app = create_app(
+            settings, clock=lambda: NOW, metrics=metrics, apart_from_bytes=apart_from_bytes
+        )
+        response = app.test_client().post(hook.path, data=example_of(hook.path))
         series = sorted(
             line
-            for line in client.get("/metrics").get_data(as_text=True).splitlines()
+            for line in metrics.exposition()[0].decode().splitlines()
             if line.startswith("cozystack_gpu_class") and "timestamp" not in line
         )
         answers.append((response.status_code, response.data, series))
@@ -131,7 +134,7 @@ def test_a_bad_request_is_the_same_400_apart(settings: Settings) -> None:
 def test_the_body_arrives_whole_from_many_pieces(settings: Settings) -> None:
     body = os.urandom(3 * 1000 * KIB + 17)
     answer = apart.compute(
-        hook_of(digest), inputs(settings), no_view, pieces(body, 64 * KIB), len(body)
+        hook_of(digest), inputs(settings), no_view, pieces(body, 64 * KIB), len(body), 30.0
     )
     assert answer.facts["length"] == len(body)
     assert answer.facts["sha256"] == hashlib.sha256(body).hexdigest()
@@ -145,7 +148,9 @@ def test_the_kubevirt_view_is_read_here_each_time_the_child_asks(settings: Setti
         reads.append(1)
         return KubeVirtAbsent("kubevirt/kubevirt")
 
-    answer = apart.compute(hook_of(reads_kubevirt_twice), inputs(settings), view, iter([b"{}"]), 2)
+    answer = apart.compute(
+        hook_of(reads_kubevirt_twice), inputs(settings), view, iter([b"{}"]), 2, 30.0
+    )
     assert answer.facts["views"] == ["KubeVirtAbsent", "KubeVirtAbsent"]
     assert len(reads) == 2
 
@@ -153,7 +158,7 @@ def test_the_kubevirt_view_is_read_here_each_time_the_child_asks(settings: Setti
 def test_a_license_sync_apart_never_reads_the_kubevirt_view(settings: Settings) -> None:
     hook = next(hook for hook in HOOKS if hook.path == "/license/sync")
     body = example_of(hook.path)
-    answer = apart.compute(hook, inputs(settings), no_view, iter([body]), len(body))
+    answer = apart.compute(hook, inputs(settings), no_view, iter([body]), len(body), 30.0)
     assert answer.facts["outcome"] == "ok"
 
 
@@ -174,10 +179,11 @@ def test_only_large_calls_of_pure_hooks_run_apart(
 ) -> None:
     client = create_app(settings, memory=None).test_client()
     review = json.dumps(admission_review("VMInstance", "tenant-a", "vm", {})).encode()
+    large = max(LARGE_BODY_BYTES, 3 * CHUNK_BYTES)  # a large body crosses in several pieces
     calls = [
         ("/status/sync", example_of("/status/sync")),
-        ("/status/sync", padded(example_of("/status/sync"), LARGE_BODY_BYTES)),
-        ("/admit/gpu-budget", padded(review, LARGE_BODY_BYTES)),
+        ("/status/sync", padded(example_of("/status/sync"), large)),
+        ("/admit/gpu-budget", padded(review, large)),
     ]
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
         for path, body in calls:
@@ -187,13 +193,13 @@ def test_only_large_calls_of_pure_hooks_run_apart(
         True,
         False,
     ]
-    assert CHUNK_BYTES < LARGE_BODY_BYTES  # a large body crosses in several pieces
 
 
-def test_a_chunked_body_is_computed_in_its_thread(
+def test_a_chunked_body_is_refused_before_any_child_or_reservation(
     settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = create_app(settings, memory=None, apart_from_bytes=0).test_client()
+    memory = MemoryBudget(100 * KIB, max_wait_seconds=1, bypass_below_bytes=1, per_call_bytes=0)
+    client = create_app(settings, memory=memory, apart_from_bytes=0).test_client()
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
         response = client.post(
             "/status/sync",
@@ -201,8 +207,9 @@ def test_a_chunked_body_is_computed_in_its_thread(
             headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"},
             environ_overrides={"wsgi.input_terminated": True},  # as gunicorn marks it
         )
-    assert response.status_code == 200
-    assert "computed_apart" not in call_facts(caplog)[0]
+    assert response.status_code == 411
+    assert (memory.reserved_bytes, hook_children()) == (0, [])
+    assert call_facts(caplog)[0]["code"] == 411
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -261,13 +268,13 @@ def test_a_client_gone_mid_body_kills_the_child(settings: Settings) -> None:
         raise ClientDisconnected()
 
     with pytest.raises(ClientDisconnected):
-        apart.compute(hook_of(digest), inputs(settings), no_view, cut_short(), 4000)
+        apart.compute(hook_of(digest), inputs(settings), no_view, cut_short(), 4000, 30.0)
     assert hook_children() == []
 
 
 def test_a_hook_computed_apart_cannot_read_budgets(settings: Settings) -> None:
     with pytest.raises(FailedElsewhere) as failed:
-        apart.compute(hook_of(reads_budgets), inputs(settings), no_view, iter([b"{}"]), 2)
+        apart.compute(hook_of(reads_budgets), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
     assert failed.value.error_type == "RuntimeError"
 
 
@@ -299,7 +306,7 @@ def niceness(service: Service, body: bytes) -> Answer:
 
 
 def test_children_run_below_the_serving_process(settings: Settings) -> None:
-    answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2)
+    answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
     assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS
 
 

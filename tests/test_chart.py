@@ -12,7 +12,9 @@ import jsonschema
 import pytest
 import yaml
 
+from hooks import ops
 from hooks.app import create_app
+from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import (
     gpuclass,
@@ -174,14 +176,40 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
     assert preferred[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
 
 
-def test_probe_paths_are_routes_the_app_serves(default_render: list[dict[str, Any]]) -> None:
-    app = create_app(Settings())
-    served = {rule.rule for rule in app.url_map.iter_rules()}
-    container = one(default_render, "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert {
-        container["livenessProbe"]["httpGet"]["path"],
-        container["readinessProbe"]["httpGet"]["path"],
-    } <= served
+@pytest.mark.parametrize(
+    "sets",
+    [(), ("tls.enabled=true", "tls.existingSecret=x", "tls.clientAuth.enabled=true")],
+    ids=["plain", "mtls"],
+)
+def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> None:
+    """The health listener (hooks.ops) serves the probes' paths, outside the hooks' threads and
+    without the hooks' client certificate, so probes are real HTTP checks even under mTLS."""
+    container = container_of(render(*sets))
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": 8080, "health": 8081, "metrics": 9090}
+    assert "--health-port=8081" in container["args"]
+    assert "--metrics-port=9090" in container["args"]
+    served = set(ops.health_routes(ops.ServiceState()))
+    for probe in (container["livenessProbe"], container["readinessProbe"]):
+        assert probe["httpGet"]["port"] == "health"
+        assert probe["httpGet"].get("scheme", "HTTP") == "HTTP"
+        assert probe["httpGet"]["path"] in served
+
+
+def test_the_service_exposes_the_metrics_port(default_render: list[dict[str, Any]]) -> None:
+    ports = {p["name"]: p for p in one(default_render, "Service")["spec"]["ports"]}
+    assert ports["metrics"]["targetPort"] == "metrics"
+    assert set(ops.metrics_routes(Metrics(1.0), None)) == {"/metrics"}
+
+
+@pytest.mark.parametrize(("timeout", "seconds"), [("30s", 30), ("2m", 120), ("1500ms", 2)])
+def test_termination_grace_covers_the_drain_and_the_longest_call(
+    timeout: str, seconds: int
+) -> None:
+    deployment = one(render(f"controllers.hookTimeout={timeout}"), "Deployment")
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= Settings().shutdown_delay_seconds + seconds
+    assert env_of(render(f"controllers.hookTimeout={timeout}"))["GPUCLASS_HOOK_TIMEOUT"] == timeout
 
 
 def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None:
@@ -208,6 +236,8 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_LICENSE_NAMESPACES": "cozy-gpu-operator",
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
         "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
+        "GPUCLASS_HOOK_TIMEOUT": "30s",
+        "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
         "GPUCLASS_MEMORY_WAIT_SECONDS": "20",
     }
@@ -500,14 +530,6 @@ def test_deployment_gets_the_files_and_settings() -> None:
     }
     assert all(m.get("readOnly") for m in container["volumeMounts"] if m["mountPath"] != "/tmp")
     Settings(**{k.removeprefix("GPUCLASS_").lower(): v for k, v in env.items()})
-
-
-def test_probes_connect_only_when_client_certificates_are_required() -> None:
-    mtls = container_of(render(*SECURE))
-    assert "tcpSocket" in mtls["livenessProbe"] and "tcpSocket" in mtls["readinessProbe"]
-    https = container_of(render("tls.enabled=true"))
-    assert https["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    assert container_of(render())["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
 
 
 def test_body_limit_and_metrics_auth_reach_the_service() -> None:

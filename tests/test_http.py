@@ -91,9 +91,10 @@ def test_kubevirt_unreadable_answers_with_resync(client: FlaskClient, apiserver:
     assert response.json["status"]["conditions"][-1]["reason"] == "KubeVirtUnreadable"
 
 
-def test_healthz_and_readyz(client: FlaskClient) -> None:
-    assert client.get("/healthz").status_code == 200
-    assert client.get("/readyz").status_code == 200
+def test_probes_and_metrics_are_not_served_with_the_hooks(client: FlaskClient) -> None:
+    """They have ports of their own (hooks.ops), never queued behind hook calls."""
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert client.get(path).status_code == 404
 
 
 @pytest.mark.parametrize("route", ["/status/sync", "/status/customize"])

@@ -12,6 +12,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from hooks.app import create_app
+from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import (
     license_sync_request,
@@ -118,8 +119,10 @@ def leak_forms() -> list[str]:
 
 
 def test_the_token_never_appears_in_logs_error_bodies_or_metrics(
-    client: FlaskClient, caplog: pytest.LogCaptureFixture
+    settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
+    metrics = Metrics(180.0)
+    client = create_app(settings, metrics=metrics).test_client()
     target = licensed_class()
     good = license_sync_request(
         target,
@@ -165,7 +168,7 @@ def test_the_token_never_appears_in_logs_error_bodies_or_metrics(
                 bodies.append(response.get_data(as_text=True))
     assert any(r.levelno == logging.WARNING for r in caplog.records)
     captured = caplog.text + "".join(json.dumps(getattr(r, "fields", {})) for r in caplog.records)
-    scrape = client.get("/metrics").get_data(as_text=True)
+    scrape = metrics.exposition()[0].decode()
     assert "cozystack_gpu_class_license_copies" in scrape
     for form in leak_forms():
         assert form not in captured

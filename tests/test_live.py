@@ -59,7 +59,7 @@ def test_serve_answers_status_sync(
         large = resync + b" " * LARGE_BODY_BYTES
         answer = requests.post(f"{server.url}/status/sync", data=large, timeout=30)
         assert (answer.status_code, answer.json()) == (200, response.json())
-        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 200
+        assert requests.get(f"{server.health}/readyz", timeout=5).status_code == 200
     assert server.process.returncode == 0
     calls = [json.loads(line) for line in server.logs().splitlines() if '"hook call"' in line]
     assert [c.get("computed_apart", False) for c in calls] == [False] * 11 + [True]
@@ -97,7 +97,7 @@ def test_metrics_of_the_live_server_hold_one_value_per_series(
                     range(12),
                 )
             )
-        text = requests.get(f"{server.url}/metrics", timeout=5).text
+        text = requests.get(f"{server.metrics}/metrics", timeout=5).text
     samples = [
         (s.name, tuple(sorted(s.labels.items())))
         for f in text_string_to_metric_families(text)

@@ -46,7 +46,7 @@ def test_https_only_with_a_server_certificate(
         "GPUCLASS_KUBE_API": apiserver.url,
     }
     body = (EXAMPLES / "status-sync.json").read_bytes()
-    with live_server(env, tmp_path, scheme="https", verify=pki["ca"]) as server:
+    with live_server(env, tmp_path, scheme="https") as server:
         response = requests.post(
             f"{server.url}/status/sync", data=body, verify=pki["ca"], timeout=10
         )
@@ -77,7 +77,7 @@ def test_client_certificates_required_with_a_client_ca(
     }
     body = (EXAMPLES / "status-sync.json").read_bytes()
     cert = (pki["client"], pki["client"])
-    with live_server(env, tmp_path, scheme="https", verify=pki["ca"], cert=cert) as server:
+    with live_server(env, tmp_path, scheme="https") as server:
         ok = requests.post(
             f"{server.url}/status/sync", data=body, verify=pki["ca"], cert=cert, timeout=10
         )
@@ -124,7 +124,7 @@ def test_sigterm_turns_readiness_false_then_drains_in_flight_calls(
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.3)
-        assert requests.get(f"{server.url}/readyz", timeout=5).status_code == 503
+        assert requests.get(f"{server.health}/readyz", timeout=5).status_code == 503
         in_flight.join(timeout=20)
         assert results == {"sync": 200}
         assert server.process.wait(timeout=30) == 0

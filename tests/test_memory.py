@@ -26,6 +26,7 @@ from hooks.memory import (
     configured_budget,
     container_memory_limit,
 )
+from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import gpuclass, node, status_sync_request
 
@@ -160,11 +161,14 @@ def test_the_container_limit_from_cgroup_v2_or_v1(
 
 def test_settings_give_the_budget_to_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUCLASS_MEMORY_LIMIT_BYTES", str(2048 * MIB))
-    metrics = create_app(Settings()).test_client().get("/metrics").get_data(as_text=True)
-    assert f"cozystack_gpu_hook_memory_budget_bytes {float(1792 * MIB):.9e}" in metrics
+    exported = Metrics(180.0)
+    create_app(Settings(), metrics=exported)
+    text = exported.exposition()[0].decode()
+    assert f"cozystack_gpu_hook_memory_budget_bytes {float(1792 * MIB):.9e}" in text
     monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", "0")
-    metrics = create_app(Settings()).test_client().get("/metrics").get_data(as_text=True)
-    assert "cozystack_gpu_hook_memory_budget_bytes 0.0" in metrics
+    exported = Metrics(180.0)
+    create_app(Settings(), metrics=exported)
+    assert "cozystack_gpu_hook_memory_budget_bytes 0.0" in exported.exposition()[0].decode()
 
 
 # --- the routes ----------------------------------------------------------------------------------
@@ -175,17 +179,28 @@ def memory() -> MemoryBudget:
     return budget(total=400 * KIB, wait=0.3)
 
 
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics(180.0)
+
+
 def client_of(
-    settings: Settings, memory: MemoryBudget, apart_from_bytes: int | None
+    settings: Settings,
+    memory: MemoryBudget,
+    apart_from_bytes: int | None,
+    metrics: Metrics | None = None,
 ) -> FlaskClient:
     small = settings.model_copy(update={"max_body_bytes": 200 * KIB})
-    return create_app(small, memory=memory, apart_from_bytes=apart_from_bytes).test_client()
+    app = create_app(small, memory=memory, metrics=metrics, apart_from_bytes=apart_from_bytes)
+    return app.test_client()
 
 
 @pytest.fixture(params=[None, 0], ids=["in-thread", "apart"])
-def client(settings: Settings, memory: MemoryBudget, request: pytest.FixtureRequest) -> FlaskClient:
+def client(
+    settings: Settings, memory: MemoryBudget, metrics: Metrics, request: pytest.FixtureRequest
+) -> FlaskClient:
     """Every call computed in its thread, or every call computed in a process of its own."""
-    return client_of(settings, memory, request.param)
+    return client_of(settings, memory, request.param, metrics)
 
 
 @pytest.fixture
@@ -261,7 +276,7 @@ def test_held_while_the_call_runs(
 
 
 def test_a_call_that_waits_too_long_gets_429_with_retry_after(
-    client: FlaskClient, memory: MemoryBudget
+    client: FlaskClient, memory: MemoryBudget, metrics: Metrics
 ) -> None:
     held = memory.reserve(260 * KIB)  # 390 KiB of 400: no body larger than 6 KiB fits
     response = client.post("/status/sync", data=sync_body())
@@ -270,9 +285,9 @@ def test_a_call_that_waits_too_long_gets_429_with_retry_after(
     assert response.json == {"error": "the service is at its memory budget: retry later"}
     assert isinstance(held, Admitted)
     held.release()
-    metrics = client.get("/metrics").get_data(as_text=True)
-    assert 'cozystack_gpu_hook_memory_refused_total{code="429"} 1.0' in metrics
-    assert "cozystack_gpu_hook_memory_wait_seconds_count 1.0" in metrics
+    text = metrics.exposition()[0].decode()
+    assert 'cozystack_gpu_hook_memory_refused_total{code="429"} 1.0' in text
+    assert "cozystack_gpu_hook_memory_wait_seconds_count 1.0" in text
 
 
 def test_a_call_that_can_never_fit_gets_413_naming_the_setting(

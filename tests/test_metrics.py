@@ -9,7 +9,8 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.app import create_app
-from hooks.metrics import STALE_AFTER_SECONDS, Metrics
+from hooks.metrics import Metrics
+from hooks.ops import metrics_routes
 from hooks.settings import Settings
 from tests.apiserver import KUBEVIRT_PATH, FakeApiServer
 from tests.builders import (
@@ -22,6 +23,8 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
+
+STALE_AFTER_SECONDS = 180.0  # three status resyncs of 60 s
 
 
 class Clock:
@@ -38,16 +41,22 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def client(settings: Settings, clock: Clock) -> FlaskClient:
-    return create_app(settings, metrics=Metrics(clock)).test_client()
+def metrics(clock: Clock) -> Metrics:
+    return Metrics(STALE_AFTER_SECONDS, clock)
 
 
-def scrape(client: FlaskClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = client.get("/metrics")
-    assert response.status_code == 200
-    assert response.mimetype == "text/plain"
+@pytest.fixture
+def client(settings: Settings, metrics: Metrics) -> FlaskClient:
+    return create_app(settings, metrics=metrics).test_client()
+
+
+def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """What the metrics port answers a scrape."""
+    reply = metrics_routes(metrics, None)["/metrics"]({})
+    assert reply.code == 200
+    assert reply.content_type.startswith("text/plain")
     samples = {}
-    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+    for family in text_string_to_metric_families(reply.body.decode()):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return samples
@@ -76,9 +85,9 @@ def labels(**kwargs: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(kwargs.items()))
 
 
-def test_capacity_and_use_split_by_eligibility(client: FlaskClient) -> None:
+def test_capacity_and_use_split_by_eligibility(client: FlaskClient, metrics: Metrics) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
-    samples = scrape(client)
+    samples = scrape(metrics)
     resource = "nvidia.com/NVIDIA_L40S-24Q"
     assert series(samples, "cozystack_gpu_class_capacity_units") == {
         labels(**{"class": "l40s", "resource": resource, "eligible": "true"}): 4.0,
@@ -97,11 +106,11 @@ def test_capacity_and_use_split_by_eligibility(client: FlaskClient) -> None:
     assert len(series(samples, "cozystack_gpu_class_condition")) == 4
 
 
-def test_conflicting_class_exports_no_inventory(client: FlaskClient) -> None:
+def test_conflicting_class_exports_no_inventory(client: FlaskClient, metrics: Metrics) -> None:
     older = gpuclass("a-old", created="2025-01-01T00:00:00Z")
     younger = gpuclass("b-new", created="2026-01-01T00:00:00Z")
     client.post("/status/sync", json=cluster_request(younger, [older, younger]))
-    samples = scrape(client)
+    samples = scrape(metrics)
     for name in (
         "cozystack_gpu_class_capacity_units",
         "cozystack_gpu_class_used_units",
@@ -121,60 +130,62 @@ def test_conflicting_class_exports_no_inventory(client: FlaskClient) -> None:
 
 
 def test_deleted_class_series_disappear_when_time_advances(
-    client: FlaskClient, clock: Clock
+    client: FlaskClient, metrics: Metrics, clock: Clock
 ) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     clock.now += STALE_AFTER_SECONDS - 1
-    assert series(scrape(client), "cozystack_gpu_class_free_units")
-    assert series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds") == {
+    assert series(scrape(metrics), "cozystack_gpu_class_free_units")
+    assert series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds") == {
         labels(**{"class": "l40s"}): 1_800_000_000.0
     }
     clock.now += 2
-    samples = scrape(client)
+    samples = scrape(metrics)
     assert series(samples, "cozystack_gpu_class_free_units") == {}
     assert series(samples, "cozystack_gpu_class_last_sync_timestamp_seconds") == {}
 
 
-def test_class_missing_from_a_sync_class_list_is_forgotten_at_once(client: FlaskClient) -> None:
+def test_class_missing_from_a_sync_class_list_is_forgotten_at_once(
+    client: FlaskClient, metrics: Metrics
+) -> None:
     first, second = gpuclass("a"), gpuclass("b", resource="nvidia.com/OTHER")
     client.post("/status/sync", json=cluster_request(first, [first, second]))
     client.post("/status/sync", json=cluster_request(second, [first, second]))
-    assert len(series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds")) == 2
+    assert len(series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds")) == 2
     client.post("/status/sync", json=cluster_request(second, [second]))
-    assert list(series(scrape(client), "cozystack_gpu_class_last_sync_timestamp_seconds")) == [
+    assert list(series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds")) == [
         labels(**{"class": "b"})
     ]
 
 
-def test_one_value_per_series_the_most_recent(client: FlaskClient) -> None:
+def test_one_value_per_series_the_most_recent(client: FlaskClient, metrics: Metrics) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     request = cluster_request(gpuclass("l40s"))
     request["related"]["Pod.v1"] = {}
     client.post("/status/sync", json=request)
-    assert series(scrape(client), "cozystack_gpu_class_free_units") == {
+    assert series(scrape(metrics), "cozystack_gpu_class_free_units") == {
         labels(**{"class": "l40s"}): 4.0
     }
 
 
-def test_license_copies_gauge(client: FlaskClient) -> None:
+def test_license_copies_gauge(client: FlaskClient, metrics: Metrics) -> None:
     request = license_sync_request(
         licensed_class(), secrets=[source_secret()], namespaces=[namespace("a"), namespace("b")]
     )
     client.post("/license/sync", json=request)
-    assert series(scrape(client), "cozystack_gpu_class_license_copies") == {
+    assert series(scrape(metrics), "cozystack_gpu_class_license_copies") == {
         labels(**{"class": "l40s"}): 2.0
     }
     client.post(
         "/license/sync", json=license_sync_request(gpuclass("l40s"), secrets=[], namespaces=[])
     )
-    assert series(scrape(client), "cozystack_gpu_class_license_copies") == {}
+    assert series(scrape(metrics), "cozystack_gpu_class_license_copies") == {}
 
 
-def test_hook_metrics_by_route_template_and_code(client: FlaskClient) -> None:
+def test_hook_metrics_by_route_template_and_code(client: FlaskClient, metrics: Metrics) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     client.post("/status/sync", data=b"nope")
     client.post("/nowhere/at/all", data=b"x")
-    samples = scrape(client)
+    samples = scrape(metrics)
     requests = series(samples, "cozystack_gpu_hook_requests_total")
     assert requests[labels(route="/status/sync", code="200")] == 1.0
     assert requests[labels(route="/status/sync", code="400")] == 1.0
@@ -189,19 +200,21 @@ def test_hook_metrics_by_route_template_and_code(client: FlaskClient) -> None:
     assert sizes[labels(route="/status/sync")] > 1000
 
 
-def test_kubevirt_reads_by_outcome(client: FlaskClient, apiserver: FakeApiServer) -> None:
+def test_kubevirt_reads_by_outcome(
+    client: FlaskClient, metrics: Metrics, apiserver: FakeApiServer
+) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     apiserver.serve(KUBEVIRT_PATH, 500, {})
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
-    reads = series(scrape(client), "cozystack_gpu_kubevirt_reads_total")
+    reads = series(scrape(metrics), "cozystack_gpu_kubevirt_reads_total")
     assert reads == {labels(outcome="found"): 1.0, labels(outcome="unreadable"): 1.0}
 
 
 def test_disabled_exports_no_class_series(settings: Settings, clock: Clock) -> None:
-    metrics = Metrics(clock)
+    metrics = Metrics(STALE_AFTER_SECONDS, clock)
     create_app(settings, metrics=metrics).test_client().post(
         "/status/sync", json=cluster_request(gpuclass("a"))
     )
     off = create_app(settings.model_copy(update={"enabled": False}), metrics=metrics).test_client()
     off.post("/status/sync", json=cluster_request(gpuclass("a")))
-    assert series(scrape(off), "cozystack_gpu_class_last_sync_timestamp_seconds") == {}
+    assert series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds") == {}

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.app import create_app
+from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import (
     OTHER_GPU,
@@ -44,8 +45,10 @@ def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     from tests.apiserver import fake_apiserver
 
     with fake_apiserver() as api:
+        metrics = Metrics(180.0)
         client = create_app(
-            Settings(kube_api=api.url, kube_token_file=tmp_path_factory.mktemp("t") / "none")
+            Settings(kube_api=api.url, kube_token_file=tmp_path_factory.mktemp("t") / "none"),
+            metrics=metrics,
         ).test_client()
         classes = [
             licensed_class("l40s", created="2025-01-01T00:00:00Z"),
@@ -69,7 +72,7 @@ def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
             ),
         )
         client.post("/status/sync", data=b"not json")
-        text = client.get("/metrics").get_data(as_text=True)
+        text = metrics.exposition()[0].decode()
     return {
         sample.name for family in text_string_to_metric_families(text) for sample in family.samples
     }

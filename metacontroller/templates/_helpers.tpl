@@ -94,3 +94,21 @@ webhook:
 {{- define "gpuclass-hooks.scheme" -}}
 {{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
 {{- end -}}
+
+{{/* controllers.hookTimeout (a Go duration: Ns, Nm or Nms) in whole seconds, rounded up. */}}
+{{- define "gpuclass-hooks.hookTimeoutSeconds" -}}
+{{- $timeout := .Values.controllers.hookTimeout -}}
+{{- if hasSuffix "ms" $timeout -}}
+{{- div (add (trimSuffix "ms" $timeout | int) 999) 1000 -}}
+{{- else if hasSuffix "m" $timeout -}}
+{{- mul (trimSuffix "m" $timeout | int) 60 -}}
+{{- else -}}
+{{- trimSuffix "s" $timeout | int -}}
+{{- end -}}
+{{- end }}
+
+{{/* The pod's grace on termination: the drain delay (GPUCLASS_SHUTDOWN_DELAY_SECONDS, whose
+default the chart keeps), the longest call (the hook timeout), and time for the process to exit. */}}
+{{- define "gpuclass-hooks.terminationGraceSeconds" -}}
+{{- add 5 (include "gpuclass-hooks.hookTimeoutSeconds" . | int) 5 -}}
+{{- end }}
