@@ -231,7 +231,11 @@ def slow_clients(api: str, size: str) -> int:
             for connection in opened:
                 connection.close()
             scrape = requests.get(f"{server.metrics}/metrics", timeout=10).text
-    deadlines = [line for line in scrape.splitlines() if "apart_calls_total{" in line]
+    deadlines = [
+        line
+        for line in scrape.splitlines()
+        if "apart_calls_total{" in line or "memory_refused_total{" in line
+    ]
     print(f"[slow clients] {STALLED} stalled (half 1 MB, half 50 MB declared), {CALLS} x "
           f"{len(body) / MB:.0f} MB syncs; 64 threads; memory limit {LIMIT // MB} MB; "
           "body deadline 10 s + size at 8 MiB/s, at most the 30 s hook timeout")  # fmt: skip
