@@ -121,17 +121,27 @@ def _unless_no_pool_applies(
     return _checked(request, decide)
 
 
+def _object_under_review(
+    request: AdmissionRequest, inputs: BudgetInputs
+) -> AppObject | BudgetOutcome:
+    """The object under review; when it does not decode, the review's outcome. A create or
+    update without its object is a malformed review (BadRequest)."""
+    try:
+        return _new_object(request)
+    except BadRequest as undecodable:
+        if is_absent(request.object):
+            raise
+        return _unless_no_pool_applies(request, inputs, undecodable)
+
+
 def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome:
     """VMInstance and KubernetesNodes create and update; anything else is not ours and passes."""
     if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
         return _outcome(request, ALLOWED)
     kind = request.kind.kind
-    try:
-        new_obj = _new_object(request)
-    except BadRequest as undecodable:
-        if is_absent(request.object):
-            raise  # a create or update without its object is a malformed review
-        return _unless_no_pool_applies(request, inputs, undecodable)
+    new_obj = _object_under_review(request, inputs)
+    if isinstance(new_obj, BudgetOutcome):
+        return new_obj
     old_obj = _old_object(request)
     name = _name(request, new_obj)
     new = app_from(new_obj.spec, request.namespace, kind, name)
@@ -159,13 +169,10 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
     """The declaration gate for Tenant create and update."""
     if not _ours(request, (TENANT,)):
         return _outcome(request, ALLOWED)
-    try:
-        new_obj = _new_object(request)
-    except BadRequest as undecodable:
-        if is_absent(request.object):
-            raise  # a create or update without its object is a malformed review
-        # The pool a tenant carves out of is that of the namespace its release lives in.
-        return _unless_no_pool_applies(request, inputs, undecodable)
+    # (The pool a tenant carves out of is that of the namespace its release lives in.)
+    new_obj = _object_under_review(request, inputs)
+    if isinstance(new_obj, BudgetOutcome):
+        return new_obj
     old_obj = _old_object(request)
     name = _name(request, new_obj)
     quotas = new_obj.spec.resource_quotas
