@@ -146,7 +146,12 @@ class Listener:
 
 def listen(host: str, port: int, routes: dict[str, Route], tls: ssl.SSLContext | None) -> Listener:
     server = _Server((host, port), _handler(routes, tls))
-    thread = threading.Thread(target=server.serve_forever, name=f"listener :{port}", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever,
+        kwargs={"poll_interval": 0.1},  # how soon `stop` returns
+        name=f"listener :{port}",
+        daemon=True,
+    )
     thread.start()
     return Listener(server, thread)
 

@@ -112,22 +112,23 @@ def test_metrics_speak_the_hooks_tls_and_probes_stay_plain(
 
 
 def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
-    plain: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+    state: ops.ServiceState, metrics: Metrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each connection has its own thread, and one that says nothing is closed after the request
     timeout: a client cannot hold the probes."""
-    health, _ = plain
-    port = int(health.rsplit(":", 1)[1])
-    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
-    try:
-        started_at = time.monotonic()
-        assert requests.get(f"{health}/healthz", timeout=5).status_code == 200
-        assert time.monotonic() - started_at < 1.0
-        silent[0].settimeout(ops.REQUEST_TIMEOUT_SECONDS + 5)
-        assert silent[0].recv(1) == b""  # closed by the listener, not by us
-    finally:
-        for connection in silent:
-            connection.close()
+    monkeypatch.setattr(ops, "REQUEST_TIMEOUT_SECONDS", 0.5)
+    for health, _ in started(Settings(), state, metrics):
+        port = int(health.rsplit(":", 1)[1])
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        try:
+            started_at = time.monotonic()
+            assert requests.get(f"{health}/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - started_at < 1.0
+            silent[0].settimeout(5)
+            assert silent[0].recv(1) == b""  # closed by the listener, not by us
+        finally:
+            for connection in silent:
+                connection.close()
 
 
 def test_two_workers_can_listen_on_the_same_ports(
