@@ -46,9 +46,10 @@ test: lint tools
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest
 
 # The quick tier: everything but the tests that need the Go-built tools or start gunicorn (no Go
-# needed). `make test` still runs all of them, and CI refuses skips.
+# needed), property tests on fewer examples. `make test` still runs all of them at full count,
+# and CI refuses skips.
 unit: $(BIN)/gpuclass-hooks
-	$(BIN)/pytest -q -m "not tools and not live"
+	$(BIN)/pytest -q -m "not tools and not live" --hypothesis-profile=quick
 
 # Speed and memory on generated clusters. SIZES=S,M,L for the full run (a few minutes, ~6 GB).
 SIZES ?= S,M

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from hooks.settings import Settings
+from tests import profiles  # noqa: F401 - registers the quick profile before it is loaded
 from tests.apiserver import FakeApiServer, fake_apiserver
 from tests.controlplane import ControlPlane, control_plane
 

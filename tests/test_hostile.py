@@ -31,6 +31,7 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
+from tests.profiles import examples
 
 # Every hook of the table, by who calls it: Metacontroller's over HTTP, the API server's over HTTPS.
 ROUTES = tuple(hook.path for hook in HOOKS if not hook.https_only)
@@ -299,7 +300,9 @@ envelopes = st.fixed_dictionaries(
 
 
 @hypothesis_settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(envelope=envelopes, route=st.sampled_from(ROUTES))
 def test_generated_envelopes_never_fail_the_service(
@@ -485,7 +488,9 @@ admission_specs = st.fixed_dictionaries(
 
 
 @hypothesis_settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     route=st.sampled_from(ADMISSION_ROUTES),

@@ -416,6 +416,7 @@ def test_docs_show_the_current_output() -> None:
     assert EXPECTED_TABLE.strip() in (ROOT / "docs" / "plan.md").read_text()
 
 
+@pytest.mark.live
 def test_plan_json_equals_the_live_servers_answers(tmp_path: Path) -> None:
     """The same comparison against the real `gpuclass-hooks serve`, times aside."""
     import requests

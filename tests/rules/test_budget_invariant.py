@@ -28,6 +28,7 @@ from hooks.kubeapi.budget import release_object, scoped_tenancy
 from hooks.rules.budget import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
+from tests.profiles import examples
 
 L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
 CLASSES = (
@@ -258,7 +259,7 @@ def step(cluster: Cluster, data: st.DataObject) -> tuple[bool, str, Cluster]:
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -554,7 +555,7 @@ TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
