@@ -69,15 +69,29 @@ def declared_length(max_bytes: int) -> Response | None:
     return None
 
 
+# How long after its deadline a body that still trickles in is cut off (one that stopped arriving
+# times out on the socket at the deadline itself).
+CUT_AFTER_SECONDS = 1.0
+
+
 class _Deadline:
-    """The time a body has to arrive. When it passes, the connection's read side is shut, so that
-    a read stalled in the middle of the body returns at once, whatever the client trickles."""
+    """The time a body has to arrive.
+
+    A body that stops arriving times out on the socket at the deadline: the read raises, and the
+    408 goes out on the same connection, TLS included. A client that keeps trickling bytes would
+    restart that timeout with every read, so a moment later the connection's read side is shut:
+    the stalled read returns at once, whatever the client sends (over TLS the connection can then
+    only be closed, and is)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.expired = threading.Event()
-        self._socket = request.environ.get("gunicorn.socket")
-        self._timer = threading.Timer(seconds, self._cut)
+        self._socket: socket.socket | None = request.environ.get("gunicorn.socket")
+        self._previous_timeout: float | None = None
+        if self._socket is not None:
+            self._previous_timeout = self._socket.gettimeout()
+            self._socket.settimeout(seconds)
+        self._timer = threading.Timer(seconds + CUT_AFTER_SECONDS, self._cut)
         self._timer.daemon = True
         self._timer.start()
 
@@ -85,12 +99,14 @@ class _Deadline:
         self.expired.set()
         if self._socket is not None:
             with suppress(OSError):
-                # The plain socket's shutdown: TLS's would drop its state, and the 408 must
-                # still go out over it.
+                # The plain socket's shutdown: TLS's would drop its state under a read.
                 socket.socket.shutdown(self._socket, socket.SHUT_RD)
 
     def cancel(self) -> None:
         self._timer.cancel()
+        if self._socket is not None and not self.expired.is_set():
+            with suppress(OSError):
+                self._socket.settimeout(self._previous_timeout)
 
     def timed_out(self) -> RequestTimeout:
         return RequestTimeout(
@@ -109,7 +125,9 @@ def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes]:
         while left:
             try:
                 chunk = stream.read(min(left, CHUNK_BYTES))
-            except (OSError, ValueError) as error:  # the read side shut under a stalled read
+            except TimeoutError:  # nothing arrived for the whole deadline
+                raise deadline.timed_out() from None
+            except (OSError, ValueError) as error:  # the read side shut under a trickling read
                 if deadline.expired.is_set():
                     raise deadline.timed_out() from None
                 raise ClientDisconnected() from error

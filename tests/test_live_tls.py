@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import ssl
 import threading
 import time
@@ -129,3 +130,39 @@ def test_sigterm_turns_readiness_false_then_drains_in_flight_calls(
         assert results == {"sync": 200}
         assert server.process.wait(timeout=30) == 0
         assert time.monotonic() - started < 25
+
+
+@pytest.mark.parametrize("declared", [4000, 2 * LARGE_BODY_BYTES], ids=["small", "large"])
+def test_a_stalled_body_over_tls_gets_its_408_over_tls(
+    pki: dict[str, str], apiserver: FakeApiServer, tmp_path: Path, declared: int
+) -> None:
+    """The deadline shuts the plain socket's read side under the TLS layer: the stalled read
+    returns, and the 408 still goes out encrypted on the same connection."""
+    env = {
+        "GPUCLASS_TLS_CERT_FILE": pki["cert"],
+        "GPUCLASS_TLS_KEY_FILE": pki["key"],
+        "GPUCLASS_KUBE_API": apiserver.url,
+        "GPUCLASS_BODY_TIMEOUT_SECONDS": "1",
+    }
+    with live_server(env, tmp_path, scheme="https") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        context = ssl.create_default_context(cafile=pki["ca"])
+        with (
+            socket.create_connection(("127.0.0.1", port)) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as connection,
+        ):
+            head = (
+                "POST /status/sync HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+            )
+            connection.sendall(head.encode() + b'{"par')
+            connection.settimeout(20)
+            received = b""
+            while not received.endswith(b"}"):
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+        status_line = received.split(b"\r\n", 1)[0]
+        assert status_line.split()[1] == b"408"
+        assert b"the request body did not arrive within" in received

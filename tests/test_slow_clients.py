@@ -5,6 +5,7 @@ large call within the hook timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,6 +120,32 @@ def test_a_stalled_body_gets_408_and_gives_back_its_reservation_and_its_child(
         assert metric(server, "cozystack_gpu_hook_calls_in_progress") == 0
     logged = [json.loads(line) for line in server.logs().splitlines() if '"hook call"' in line]
     assert [(c["code"], c["route"]) for c in logged] == [(408, "/status/sync")]
+
+
+def test_a_trickling_body_is_cut_off_a_moment_after_its_deadline(
+    apiserver: FakeApiServer, token_file: Path, tmp_path: Path
+) -> None:
+    """A client that sends a byte now and then never lets a read time out; the deadline cuts
+    the connection's read side all the same, and the 408 goes out."""
+    env = settings_env(apiserver, token_file)
+    with live_server(env, tmp_path) as server, stalled(server, 4000) as client:
+        started = time.monotonic()
+        received = b""
+        client.settimeout(0.3)
+        while time.monotonic() - started < 20 and not received.endswith(b"}"):
+            with contextlib.suppress(OSError):
+                client.sendall(b" ")
+            try:
+                chunk = client.recv(65536)
+            except TimeoutError:
+                continue
+            if not chunk:
+                break
+            received += chunk
+        took = time.monotonic() - started
+        assert received.split(b"\r\n", 1)[0].split()[1] == b"408"
+        assert took < 10
+        assert metric(server, "cozystack_gpu_hook_calls_in_progress") == 0
 
 
 def test_probes_and_metrics_answer_while_every_hook_thread_is_held(
