@@ -91,11 +91,12 @@ class _Deadline:
         if self._socket is not None:
             self._previous_timeout = self._socket.gettimeout()
             self._socket.settimeout(seconds)
-        self._timer = threading.Timer(seconds + CUT_AFTER_SECONDS, self._cut)
+        self._timer = threading.Timer(seconds + CUT_AFTER_SECONDS, self.cut)
         self._timer.daemon = True
         self._timer.start()
 
-    def _cut(self) -> None:
+    def cut(self) -> None:
+        """The body is out of time: shut the connection's read side."""
         self.expired.set()
         if self._socket is not None:
             with suppress(OSError):
@@ -126,6 +127,9 @@ def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes]:
             try:
                 chunk = stream.read(min(left, CHUNK_BYTES))
             except TimeoutError:  # nothing arrived for the whole deadline
+                # Shut its read side too: TLS can still carry the 408 (the read ended cleanly),
+                # and nothing that reads on (gunicorn draining the body) can wait for it again.
+                deadline.cut()
                 raise deadline.timed_out() from None
             except (OSError, ValueError) as error:  # the read side shut under a trickling read
                 if deadline.expired.is_set():
