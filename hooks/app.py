@@ -99,12 +99,11 @@ def create_app(
     def runs_apart(hook: Hook, length: int) -> bool:
         return hook.pure and apart_from_bytes is not None and apart_from_bytes <= length
 
-    def computed_apart(hook: Hook, length: int) -> Answer:
+    def computed_apart(hook: Hook, length: int, body_seconds: float) -> Answer:
         """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
         child's failure, or `not_read` when the body never arrived whole)."""
         inputs = apart.Inputs(settings, clock())
-        deadline = settings.body_deadline_seconds(length)
-        chunks = http.body_chunks(length, deadline)
+        chunks = http.body_chunks(length, body_seconds)
         outcome = "not_read"
         try:
             result = apart.compute(
@@ -124,12 +123,14 @@ def create_app(
     def serve(hook: Hook) -> Callable[[], Response]:
         def view() -> Response:
             length = request.content_length or 0
+            body_seconds = settings.body_deadline_seconds(length)
             if runs_apart(hook, length):
-                return http.answer(hook.path, lambda: computed_apart(hook, length), exported)
+                return http.answer(
+                    hook.path, lambda: computed_apart(hook, length, body_seconds), exported
+                )
 
             def in_thread() -> Answer:
-                body = http.read_body(length, settings.body_deadline_seconds(length))
-                return hook.handle(service, body)
+                return hook.handle(service, http.read_body(length, body_seconds))
 
             return http.answer(hook.path, in_thread, exported)
 

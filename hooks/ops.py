@@ -86,11 +86,11 @@ def metrics_routes(metrics: Metrics, tokens: TokenFile | None) -> dict[str, Rout
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    # Each worker process of `serve` listens on the same ports (SO_REUSEPORT): the kernel spreads
-    # probes and scrapes over them, as it spreads hook calls.
     request_queue_size = 64
 
     def server_bind(self) -> None:
+        # Each worker process of `serve` listens on the same ports (SO_REUSEPORT): the kernel
+        # spreads probes and scrapes over them, as it spreads hook calls.
         if hasattr(socket, "SO_REUSEPORT"):
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
