@@ -1,25 +1,42 @@
-# syntax=docker/dockerfile:1
-# Build stage: the locked dependencies as wheels (each checked against its hash in
-# requirements.lock), and the package itself as a wheel.
-FROM python:3.11-slim AS build
-WORKDIR /src
-COPY requirements.lock ./
-RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements.lock
-COPY pyproject.toml README.md ./
-COPY hooks ./hooks
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# The hook service's image, built from the repository with no network: `make image` fills a
+# wheelhouse on the host from the hashed locks (for this base's interpreter) and builds with
+# `--network none`. No syntax line: it would make BuildKit fetch a frontend image.
+#
+# PYTHON_IMAGE: any Debian-like image with python3 (3.11 or newer) and its venv module, such as
+# python:3.11-slim, or the base `make image-base` builds from Debian's packages.
+ARG PYTHON_IMAGE=python:3.11-slim
 
-# Final stage: only the installed wheels; no compilers, no pip caches, no sources.
-FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    --mount=type=bind,from=build,source=/dist,target=/dist \
-    --mount=type=bind,from=build,source=/src/requirements.lock,target=/requirements.lock \
-    pip install --no-cache-dir --no-index --find-links=/wheels --require-hashes \
-        -r /requirements.lock \
- && pip install --no-cache-dir --no-index --no-deps /dist/*.whl \
- && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin hooks
+FROM ${PYTHON_IMAGE} AS build
+# The folder of .wheelhouse/ that holds the wheels for this base's interpreter.
+ARG WHEELS
+ARG SOURCE_DATE_EPOCH
+WORKDIR /src
+COPY requirements.lock requirements-build.lock pyproject.toml README.md ./
+COPY hooks ./hooks
+# Every wheel is checked against its hash in the locks, the build backend's too; the project is
+# built without build isolation, which would fetch an unhashed setuptools. The service gets a venv
+# of its own without pip, and byte code whose validity rests on the sources' hashes, not on file
+# times, so that two builds of one commit hold the same files.
+RUN --mount=type=bind,source=.wheelhouse,target=/wheelhouse \
+    test -n "$WHEELS" \
+ && python3 -m venv /opt/build \
+ && /opt/build/bin/pip install --quiet --no-cache-dir --no-index --find-links="/wheelhouse/$WHEELS" \
+        --require-hashes -r requirements-build.lock \
+ && /opt/build/bin/pip wheel --quiet --no-cache-dir --no-index --no-deps --no-build-isolation \
+        --wheel-dir /dist . \
+ && python3 -m venv --without-pip /opt/hooks \
+ && /opt/build/bin/pip --python /opt/hooks/bin/python install --quiet --no-cache-dir --no-index \
+        --find-links="/wheelhouse/$WHEELS" --require-hashes --no-compile -r requirements.lock \
+ && /opt/build/bin/pip --python /opt/hooks/bin/python install --quiet --no-cache-dir --no-index \
+        --no-deps --no-compile /dist/*.whl \
+ && /opt/hooks/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/hooks/lib
+
+# The service: the base's interpreter and the venv; no pip, no build backend, no sources.
+FROM ${PYTHON_IMAGE}
+COPY --from=build /opt/hooks /opt/hooks
+ENV PATH=/opt/hooks/bin:/usr/local/bin:/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 HOME=/tmp
 USER 10001:10001
-EXPOSE 8080
+EXPOSE 8080 8081 9090
 ENTRYPOINT ["gpuclass-hooks"]
 CMD ["serve"]

@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean
+.PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
+	image image-base image-test
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -20,6 +21,7 @@ lock: $(BIN)/gpuclass-hooks
 	$(BIN)/pip install --quiet pip-tools
 	$(LOCK) --output-file requirements.lock
 	$(LOCK) --extra test --output-file requirements-test.lock
+	$(LOCK) --only-build-deps --all-build-deps --output-file requirements-build.lock
 
 # The README's settings table is made from hooks/settings.py; a test fails until it is current.
 settings-table: $(BIN)/gpuclass-hooks
@@ -85,3 +87,21 @@ mutate: $(BIN)/gpuclass-hooks tools
 	$(BIN)/pip install --quiet 'mutmut>=3.8,<4'
 	PATH=$(TESTENV):$$PATH $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/mutmut results --all true | $(BIN)/python mutation/report.py
+
+# The image, built with no network from a wheelhouse the host's pip fills from the hashed locks
+# (docs/install.md). PYTHON_IMAGE is its base: python:3.11-slim from a registry, or where no
+# registry is reachable the Debian base `make image-base` builds with mmdebstrap.
+IMAGE ?= gpuclass-hooks:dev
+PYTHON_IMAGE ?= python:3.11-slim
+BASE_IMAGE := gpuclass-hooks-base:$(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+image-base:
+	bash image/base.sh $(BASE_IMAGE)
+	@echo "now: make image PYTHON_IMAGE=$(BASE_IMAGE)"
+
+image: $(BIN)/gpuclass-hooks
+	PIP=$(abspath $(BIN))/pip bash image/build.sh $(PYTHON_IMAGE) $(IMAGE)
+
+# Builds the image and runs it as the chart does, against the service run from the venv.
+image-test: image tools
+	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest tests/image \
+		--image $(IMAGE) --image-base $(PYTHON_IMAGE)

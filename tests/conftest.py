@@ -11,8 +11,23 @@ from tests.apiserver import FakeApiServer, fake_apiserver
 from tests.controlplane import ControlPlane, control_plane
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that asks for the control plane needs the tools, however it is declared."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--image",
+        help="the image tests/image checks (`make image-test` builds it and passes its tag)",
+    )
+    parser.addoption("--image-base", help="the PYTHON_IMAGE the image was built on")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for the control plane needs the tools, however it is declared; tests/image
+    runs only when given an image (`make image-test`), never in `make test`."""
+    if config.getoption("--image") is None:
+        image_tests = Path(__file__).parent / "image"
+        left_out = [item for item in items if image_tests in item.path.parents]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item not in left_out]
     for item in items:
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)

@@ -55,3 +55,30 @@ def test_an_empty_report_is_red(tmp_path: Path) -> None:
 def test_the_floor_is_set_near_the_size_of_the_suite() -> None:
     floor = int((ROOT / ".ci" / "min-tests").read_text())
     assert floor > 600
+
+
+def test_the_image_floor_is_the_number_of_image_tests() -> None:
+    """`make image-test` runs in CI after the suite, with a floor of its own."""
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/image", "--image=any"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert collected.returncode == 0, collected.stdout
+    count = sum(1 for line in collected.stdout.splitlines() if "::" in line)
+    assert int((ROOT / ".ci" / "min-image-tests").read_text()) == count
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "make image-test" in run and ".ci/min-image-tests" in run
+
+
+def test_make_test_leaves_the_image_tests_out() -> None:
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/image"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert "test_image" not in collected.stdout
