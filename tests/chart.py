@@ -13,6 +13,9 @@ import yaml
 CHART = Path(__file__).parent.parent / "metacontroller"
 # helm built with `go install` assumes Kubernetes 1.20 unless told; the chart needs CEL (1.27+).
 KUBE_VERSION = "1.30.0"
+# What a cluster serves beyond Kubernetes itself decides what the chart renders: by default the
+# renders assume cert-manager, which the secure defaults use for TLS.
+CERT_MANAGER = "cert-manager.io/v1"
 
 
 def helm() -> str:
@@ -26,11 +29,22 @@ def helm_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
 
 
-def render(*sets: str, namespace: str = "cozy-gpu") -> list[dict[str, Any]]:
+def template(
+    *sets: str, namespace: str = "cozy-gpu", api_versions: tuple[str, ...] = (CERT_MANAGER,)
+) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart with these --set values, on a cluster serving these APIs."""
     args = ["template", "gpu", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for api in api_versions:
+        args += ["--api-versions", api]
     for value in sets:
         args += ["--set", value]
-    result = helm_run(*args)
+    return helm_run(*args)
+
+
+def render(
+    *sets: str, namespace: str = "cozy-gpu", api_versions: tuple[str, ...] = (CERT_MANAGER,)
+) -> list[dict[str, Any]]:
+    result = template(*sets, namespace=namespace, api_versions=api_versions)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -25,7 +27,17 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
-from tests.chart import CHART, KUBE_VERSION, by_kind, crd, helm_run, one, render
+from tests.chart import (
+    CERT_MANAGER,
+    CHART,
+    KUBE_VERSION,
+    by_kind,
+    crd,
+    helm_run,
+    one,
+    render,
+    template,
+)
 
 # Renders the chart with helm (`make tools`).
 pytestmark = pytest.mark.tools
@@ -165,10 +177,16 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     # The only writable place is gunicorn's heartbeat directory, in memory.
-    assert [v["mountPath"] for v in container["volumeMounts"]] == ["/tmp"]
-    assert pod["volumes"] == [
-        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+    assert [v["mountPath"] for v in container["volumeMounts"]] == [
+        "/tmp",
+        "/etc/gpuclass-hooks/auth",
+        "/etc/gpuclass-hooks/tls",
     ]
+    assert all(v["readOnly"] for v in container["volumeMounts"][1:])
+    assert pod["volumes"][0] == {
+        "name": "tmp",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"},
+    }
     assert "--worker-tmp-dir=/tmp" in container["args"]
     preferred = pod["affinity"]["podAntiAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
@@ -178,7 +196,13 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ("tls.enabled=true", "tls.existingSecret=x", "tls.clientAuth.enabled=true")],
+    [
+        ("tls.enabled=false", "auth.enabled=false"),
+        (
+            *("tls.enabled=true", "tls.existingSecret=x", "tls.clientAuth.enabled=true"),
+            "tls.clientAuth.existingSecret=y",
+        ),
+    ],
     ids=["plain", "mtls"],
 )
 def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> None:
@@ -234,6 +258,9 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_POD_SELECTOR": "kubevirt.io=virt-launcher",
         "GPUCLASS_VGPU_NAMESPACE_LABEL": "namespace.cozystack.io/vgpu",
         "GPUCLASS_LICENSE_NAMESPACES": "cozy-gpu-operator",
+        "GPUCLASS_AUTH_TOKEN_FILE": "/etc/gpuclass-hooks/auth/accepted-tokens",
+        "GPUCLASS_TLS_CERT_FILE": "/etc/gpuclass-hooks/tls/tls.crt",
+        "GPUCLASS_TLS_KEY_FILE": "/etc/gpuclass-hooks/tls/tls.key",
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
         "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
         "GPUCLASS_HOOK_TIMEOUT": "30s",
@@ -469,12 +496,57 @@ def env_of(documents: list[dict[str, Any]]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container_of(documents)["env"] if "value" in e}
 
 
-def test_auth_and_tls_are_off_by_default(default_render: list[dict[str, Any]]) -> None:
+def test_defaults_with_cert_manager_give_token_auth_and_https(
+    default_render: list[dict[str, Any]],
+) -> None:
+    [token_secret] = by_kind(default_render, "Secret")
     for hook in hooks_of(default_render).values():
+        assert set(hook["webhook"]) == {"url", "timeout", "authorization", "caBundle"}
+        assert hook["webhook"]["url"].startswith("https://")
+        assert (
+            hook["webhook"]["authorization"]["secretRef"]["name"]
+            == token_secret["metadata"]["name"]
+        )
+    issued = {c["spec"]["secretName"] for c in by_kind(default_render, "Certificate")}
+    assert issued == {"gpu-gpuclass-hooks-ca", "gpu-gpuclass-hooks-tls"}
+
+
+def test_defaults_without_cert_manager_or_an_existing_secret_refuse_to_render() -> None:
+    result = template(api_versions=())
+    assert result.returncode != 0
+    message = result.stderr
+    assert "install cert-manager" in message and "tls.existingSecret" in message
+    assert "tls.enabled=false and auth.enabled=false" in message
+
+
+def test_plain_http_renders_only_when_asked_and_notes_warn(tmp_path: Path) -> None:
+    documents = render("tls.enabled=false", "auth.enabled=false", api_versions=())
+    for hook in hooks_of(documents).values():
         assert set(hook["webhook"]) == {"url", "timeout"}
         assert hook["webhook"]["url"].startswith("http://")
-    assert by_kind(default_render, "Secret") == []
-    assert by_kind(default_render, "Certificate") == []
+    assert by_kind(documents, "Secret") == [] and by_kind(documents, "Certificate") == []
+    assert "WARNING: the hooks serve plain HTTP without authentication" in notes(
+        "tls.enabled=false", "auth.enabled=false", tmp_path=tmp_path / "plain"
+    )
+    assert "WARNING" not in notes(tmp_path=tmp_path / "secure")
+
+
+def notes(*sets: str, tmp_path: Path) -> str:
+    """NOTES.txt rendered as `helm install` prints it. helm template leaves NOTES out and helm
+    install cannot be told the Kubernetes version, so a copy of the chart renders the same text
+    through `tpl` into a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes.txt")
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ tpl (.Files.Get "notes.txt") . | quote }}}\n'
+    )
+    args = ["template", "gpu", str(chart), "--kube-version", KUBE_VERSION]
+    args += ["--api-versions", CERT_MANAGER, "--show-only", "templates/notes-under-test.yaml"]
+    result = helm_run(*args, *(arg for value in sets for arg in ("--set", value)))
+    assert result.returncode == 0, result.stderr
+    return str(yaml.safe_load(result.stdout)["data"]["notes"])
 
 
 def test_every_webhook_carries_token_ca_and_client_certificate_when_enabled() -> None:
@@ -620,7 +692,10 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        (("admission.enabled=true",), "admission.enabled needs tls.enabled"),
+        (
+            ("admission.enabled=true", "tls.enabled=false", "auth.enabled=false"),
+            "admission.enabled needs tls.enabled",
+        ),
         (
             ("admission.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),
             "cannot be combined with tls.clientAuth",
@@ -630,10 +705,7 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
 def test_admission_webhook_refuses_settings_the_api_server_cannot_use(
     values: tuple[str, ...], message: str
 ) -> None:
-    args = ["template", "gpu", str(CHART), "--kube-version", KUBE_VERSION]
-    for value in values:
-        args += ["--set", value]
-    result = helm_run(*args)
+    result = template(*values)
     assert result.returncode != 0 and message in result.stderr
 
 
@@ -644,3 +716,86 @@ def test_the_memory_budget_can_be_set_or_turned_off() -> None:
             for e in container_of(render(f"memoryBudget.bytes={value}"))["env"]
         }
         assert env["GPUCLASS_MEMORY_BUDGET_BYTES"] == expected
+
+
+# --- every combination that renders can start ------------------------------------------------
+
+TLS_MATRIX = {
+    "tls.enabled": (True, False),
+    "tls.certManager.enabled": (True, False),
+    "cert-manager API": (True, False),
+    "tls.existingSecret": ("", "own-tls"),
+    "tls.clientAuth.enabled": (True, False),
+    "tls.clientAuth.existingSecret": ("", "own-client"),
+    "admission.enabled": (True, False),
+    "auth.enabled": (True, False),
+}
+
+
+def secrets_used(documents: list[dict[str, Any]]) -> set[str]:
+    """Every Secret a pod of the chart mounts, and every Secret a controller or webhook names."""
+    used = set()
+    for document in documents:
+        spec = document.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec) if document["kind"] in POD_KINDS else {}
+        used |= {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+        for hook in (spec.get("hooks") or {}).values():
+            webhook = hook["webhook"]
+            for field in ("authorization", "caBundle", "clientTLS"):
+                if field in webhook:
+                    used.add(webhook[field]["secretRef"]["name"])
+    return used
+
+
+POD_KINDS = {"Deployment", "Pod"}
+
+
+def secrets_provided(documents: list[dict[str, Any]], values: dict[str, Any]) -> set[str]:
+    created = {d["metadata"]["name"] for d in documents if d["kind"] == "Secret"}
+    issued = {d["spec"]["secretName"] for d in documents if d["kind"] == "Certificate"}
+    named = {values["tls.existingSecret"], values["tls.clientAuth.existingSecret"]} - {""}
+    return created | issued | named
+
+
+def should_render(values: dict[str, Any]) -> bool:
+    tls, client = values["tls.enabled"], values["tls.clientAuth.enabled"]
+    issuing = (
+        tls
+        and not values["tls.existingSecret"]
+        and values["tls.certManager.enabled"]
+        and values["cert-manager API"]
+    )
+    return not (
+        (tls and not values["tls.existingSecret"] and not issuing)
+        or (client and not tls)
+        or (client and not issuing and not values["tls.clientAuth.existingSecret"])
+        or (values["admission.enabled"] and (not tls or client))
+    )
+
+
+def test_every_combination_that_renders_mounts_only_secrets_that_exist() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import product
+
+    combinations = [dict(zip(TLS_MATRIX, c, strict=True)) for c in product(*TLS_MATRIX.values())]
+
+    def rendered(values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        sets = [f"{k}={str(v).lower()}" for k, v in values.items() if k != "cert-manager API"]
+        apis = (CERT_MANAGER,) if values["cert-manager API"] else ()
+        return values, template(*sets, api_versions=apis)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(rendered, combinations))
+    rendering = 0
+    for values, result in results:
+        assert (result.returncode == 0) == should_render(values), (values, result.stderr)
+        if result.returncode != 0:
+            assert re.search(r"needs|cannot be combined", result.stderr), result.stderr
+            continue
+        rendering += 1
+        documents = [d for d in yaml.safe_load_all(result.stdout) if d]
+        missing = secrets_used(documents) - secrets_provided(documents, values)
+        assert not missing, (values, missing)
+        schemes = {h["webhook"]["url"].split(":")[0] for h in hooks_of(documents).values()}
+        assert schemes == {"https" if values["tls.enabled"] else "http"}
+    assert 0 < rendering < len(combinations)

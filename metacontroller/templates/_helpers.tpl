@@ -91,6 +91,34 @@ webhook:
 {{- .Values.tls.clientAuth.existingSecret | default (printf "%s-client" (include "gpuclass-hooks.fullname" .)) -}}
 {{- end -}}
 
+{{/* "true" when cert-manager issues the certificates: TLS on, no existing Secret named, and
+cert-manager's API served by the cluster (helm template: pass --api-versions cert-manager.io/v1). */}}
+{{- define "gpuclass-hooks.certManager" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) .Values.tls.certManager.enabled (.Capabilities.APIVersions.Has "cert-manager.io/v1") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse to render what could not start: a pod mounting a Secret that nothing creates. */}}
+{{- define "gpuclass-hooks.validate" -}}
+{{- $certManager := eq (include "gpuclass-hooks.certManager" .) "true" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not $certManager) -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- fail "tls.enabled needs a serving certificate: install cert-manager (the cluster serves no cert-manager.io/v1; with helm template pass --api-versions cert-manager.io/v1), or set tls.existingSecret to a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt. Plain HTTP only with tls.enabled=false and auth.enabled=false." -}}
+{{- else -}}
+{{- fail "tls.enabled with tls.certManager.enabled=false needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt." -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.tls.clientAuth.enabled -}}
+{{- if not .Values.tls.enabled -}}
+{{- fail "tls.clientAuth.enabled needs tls.enabled." -}}
+{{- end -}}
+{{- if and (not $certManager) (not .Values.tls.clientAuth.existingSecret) -}}
+{{- fail "tls.clientAuth.enabled without cert-manager issuing the certificates needs tls.clientAuth.existingSecret: the kubernetes.io/tls Secret Metacontroller presents, signed by tls.existingSecret's ca.crt." -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuclass-hooks.scheme" -}}
 {{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
 {{- end -}}
