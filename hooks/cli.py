@@ -1,7 +1,8 @@
 """gpuclass-hooks: `serve` runs the hooks under gunicorn; `plan` shows what they would do on a
-cluster dump, offline.
+cluster dump, offline; `check` calls a running service as Metacontroller does.
 
-Exit codes: 0 when it ran, 2 for invalid settings, arguments or input (one line naming the problem).
+Exit codes: 0 when it ran, 2 for invalid settings, arguments or input (one line naming the problem);
+`check` exits 1 when the service did not answer as it must.
 """
 
 from __future__ import annotations
@@ -169,6 +170,34 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hooks.check import Target
+    from hooks.check import check as check_service
+
+    def path(text: str | None) -> Path | None:
+        return Path(text) if text else None
+
+    target = Target(
+        args.url.rstrip("/"),
+        path(args.ca_file),
+        path(args.token_file),
+        path(args.client_cert),
+        path(args.client_key),
+    )
+    problems = check_service(target)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return 1
+    print(
+        f"{target.base_url}: the hooks answer"
+        + (" and refuse calls without the token" if target.token_file else "")
+    )
+    return 0
+
+
 def _bool(text: str) -> bool:
     lowered = text.lower()
     if lowered not in ("true", "false"):
@@ -231,6 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_argument("--vgpu-namespace-label", help="as GPUCLASS_VGPU_NAMESPACE_LABEL")
     offline.add_argument("--license-namespaces", help="as GPUCLASS_LICENSE_NAMESPACES")
     offline.set_defaults(handler=plan)
+
+    probe = commands.add_parser(
+        "check",
+        help="call a running service's customize hook, as Metacontroller does (helm test)",
+    )
+    probe.add_argument("url", help="the hooks' base URL, e.g. https://gpuclass-hooks.cozy-gpu.svc")
+    probe.add_argument("--ca-file", help="CA bundle the serving certificate is checked against")
+    probe.add_argument("--token-file", help="the bearer token; then a call without it must get 401")
+    probe.add_argument("--client-cert", help="client certificate, when the hooks require one")
+    probe.add_argument("--client-key", help="its key")
+    probe.set_defaults(handler=check)
     return parser
 
 

@@ -58,8 +58,12 @@ def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_helm_lint_passes() -> None:
-    result = helm_run("lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION)
+    # helm lint cannot be told which APIs the cluster serves, and only notes a template's `fail`:
+    # it lints the defaults with a named Secret, so that every template renders.
+    args = ["--kube-version", KUBE_VERSION, "--set", "tls.existingSecret=lint-tls"]
+    result = helm_run("lint", str(CHART), "--strict", *args)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Fail:" not in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize(

@@ -602,3 +602,23 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
     # the server's label selection finds the release with an empty name label, placed by its name
     placed = {(t.namespace, t.release) for t in reader.tenancy(["tenant-s-lab-e"]).tenants}
     assert ("tenant-s-lab-e", "tenant-e") in placed
+
+
+def test_the_helm_test_pod_is_accepted_as_written(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    """helm keeps test hooks out of the install; `helm test` creates the Pod (no kubelet runs it
+    here: tests/test_helm_test.py runs its command against the live service)."""
+    hooks = subprocess.run(
+        [helm(), "get", "hooks", RELEASE, "-n", NAMESPACE, "--kubeconfig", str(kube.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    [pod] = [d for d in yaml.safe_load_all(hooks) if d and d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    located = {**pod, "metadata": {"namespace": NAMESPACE, **pod["metadata"]}}
+    created = kube.request("POST", collection_path(located) + "?dryRun=All", located)
+    assert created.status_code == 201, created.text
+    assert differences(pod, created.json(), omitempty=True) == []
