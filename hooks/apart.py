@@ -74,6 +74,13 @@ Ended = (
 )
 
 
+def supported() -> bool:
+    """Whether calls can be computed apart here: the body is handed over in an anonymous memory
+    file, which only Linux has (`os.memfd_create`). Elsewhere (`make run` on macOS, say) every
+    call is computed in its thread, as small calls always are."""
+    return hasattr(os, "memfd_create")
+
+
 def start() -> None:
     """Start the fork server and wait until it has the hooks imported (about a second): the
     first large call then does not wait for it, and a worker that is up has one ready. A fork

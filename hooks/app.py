@@ -46,7 +46,10 @@ def create_app(
     apart_from_bytes: int | None = LARGE_BODY_BYTES,
 ) -> Flask:
     """The hooks' app. Calls to pure hooks with a body of `apart_from_bytes` or more are computed
-    in a process of their own (`hooks.apart`); None computes every call in its thread."""
+    in a process of their own (`hooks.apart`) where the system allows it; None computes every
+    call in its thread."""
+    if not apart.supported():
+        apart_from_bytes = None
     app = Flask("hooks")
     exported = metrics or Metrics(stale_after_seconds(settings))
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)

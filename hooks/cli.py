@@ -104,7 +104,8 @@ def serve(args: argparse.Namespace) -> int:
         # Each worker has its own fork server for large calls, started before the first one
         # arrives (which would otherwise wait for it to import the hooks, about a second), and
         # before the probes answer: a worker that reports ready can compute a large call.
-        apart.start()
+        if apart.supported():
+            apart.start()
         ops.start(settings, host, args.health_port, args.metrics_port, state, metrics)
 
     def drain_on_sigterm(worker: Any) -> None:

@@ -119,6 +119,23 @@ def test_pure_hooks_answer_the_same_apart_as_in_their_thread(
         assert answers[0][2], "a sync records class series"
 
 
+def test_without_memfd_every_call_is_computed_in_its_thread(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other systems than Linux have no memfd: the service still answers every call."""
+
+    def computed_apart(*args: Any) -> Answer:
+        raise AssertionError("computed apart")
+
+    monkeypatch.delattr(os, "memfd_create")
+    monkeypatch.setattr(apart, "compute", computed_apart)
+    assert not apart.supported()
+    body = example_of("/status/sync") + b" " * LARGE_BODY_BYTES
+    response = create_app(settings, clock=lambda: NOW).test_client().post("/status/sync", data=body)
+    assert response.status_code == 200
+    assert response.json["status"]["free"] == 1
+
+
 def test_a_bad_request_is_the_same_400_apart(settings: Settings) -> None:
     body = json.loads(example_of("/status/sync"))
     body["parent"]["kind"] = "ConfigMap"
