@@ -32,7 +32,13 @@ from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
 from tests.chart import CHART, helm
-from tests.controlplane import ADMIN_TOKEN, ControlPlane, collection_path, object_path
+from tests.controlplane import (
+    ADMIN_TOKEN,
+    ControlPlane,
+    collection_path,
+    control_plane,
+    object_path,
+)
 from tests.live import LiveServer, live_server
 
 # Starts etcd and kube-apiserver (`make tools`).
@@ -622,3 +628,81 @@ def test_the_helm_test_pod_is_accepted_as_written(
     created = kube.request("POST", collection_path(located) + "?dryRun=All", located)
     assert created.status_code == 201, created.text
     assert differences(pod, created.json(), omitempty=True) == []
+
+
+@pytest.mark.tools
+def test_upgrade_from_the_plain_defaults_in_the_documented_order(
+    hook_pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """docs/install.md, "From an install with the old plain defaults": an install with TLS and
+    auth off, then TLS, then the token, then admission, each a `helm upgrade --reuse-values` the
+    API server accepts; the token generated at the third step is the one the fourth keeps. On a
+    control plane of its own: the chart's controllers are cluster-wide, one release at a time."""
+    with control_plane(tmp_path) as kube:
+        walk_the_upgrade(kube, hook_pki)
+
+
+def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
+    release, namespace = "walk", "cozy-gpu-walk"
+    fullname = f"{release}-gpuclass-hooks"
+    kube.apply(*manifests("metacontroller-crds.yaml"))
+    kube.namespace(namespace)
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": f"{fullname}-tls", "namespace": namespace},
+            "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
+        }
+    )
+    steps = [
+        ("install", ("tls.enabled=false", "auth.enabled=false")),
+        ("upgrade", ("tls.enabled=true", f"tls.existingSecret={fullname}-tls")),
+        ("upgrade", ("auth.enabled=true",)),
+        ("upgrade", ("admission.enabled=true",)),
+    ]
+    base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
+
+    def webhooks() -> list[dict[str, Any]]:
+        manifest = subprocess.run(
+            [helm(), "get", "manifest", release, *base],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        documents = [d for d in yaml.safe_load_all(manifest) if d]
+        return [
+            hook["webhook"]
+            for d in documents
+            if d["kind"].endswith("Controller")
+            for hook in d["spec"]["hooks"].values()
+        ]
+
+    tokens = []
+    try:
+        for action, values in steps:
+            command = [helm(), action, release, str(CHART), *base]
+            command += ["--reuse-values"] if action == "upgrade" else []
+            for value in values:
+                command += ["--set", value]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+            assert result.returncode == 0, (values, result.stderr)
+            hooks = webhooks()
+            secret = kube.request(
+                "GET", f"/api/v1/namespaces/{namespace}/secrets/{fullname}-hook-token"
+            )
+            tokens.append(secret.json()["data"]["token"] if secret.status_code == 200 else None)
+            schemes = {h["url"].split(":")[0] for h in hooks}
+            assert schemes == {"http" if action == "install" else "https"}
+            assert all(("authorization" in h) == (tokens[-1] is not None) for h in hooks)
+        webhook = kube.request(
+            "GET",
+            f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{fullname}",
+        )
+        assert webhook.status_code == 200
+    finally:
+        subprocess.run([helm(), "uninstall", release, *base], capture_output=True, timeout=120)
+    assert tokens[0] is None and tokens[1] is None
+    assert tokens[2] is not None and tokens[3] == tokens[2]

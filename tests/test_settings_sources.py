@@ -90,7 +90,10 @@ def test_the_deployment_sets_exactly_the_chart_settings() -> None:
 def test_every_variable_the_docs_and_chart_name_is_a_setting() -> None:
     known = {env(name) for name in FIELDS} | BUILD_VARIABLES
     places = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    places += [CHART / "values.yaml", *sorted((CHART / "templates").glob("*"))]
+    places += [
+        CHART / "values.yaml",
+        *sorted(p for p in (CHART / "templates").rglob("*") if p.is_file()),
+    ]
     named = {
         (str(path.relative_to(ROOT)), variable)
         for path in places
