@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from hooks.rules.capacity import Capacity
 from hooks.wire.kube import Condition
@@ -39,7 +39,15 @@ class LicenseCopiesObserved:
     copies: int | None
 
 
-Observation = ClassStatusObserved | LicenseCopiesObserved
+@dataclass(frozen=True)
+class BudgetReviewObserved:
+    """A budget review as the metrics see it: allowed, denied by the budget rules, or denied
+    because an input could not be read (the webhook fails closed)."""
+
+    verdict: Literal["allowed", "denied", "failed_closed"]
+
+
+Observation = ClassStatusObserved | LicenseCopiesObserved | BudgetReviewObserved
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,17 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.budget_reviews = Counter(
+            "cozystack_gpu_budget_reviews_total",
+            "Budget reviews answered, by verdict: allowed, denied, or failed_closed (denied "
+            "because an input could not be read)",
+            ["verdict"],
+            registry=self.registry,
+        )
+        # Every known label value from the start: a counter's first increase is then a rate
+        # like any other, not a series appearing (which rate() and the alerts cannot see).
+        for verdict in ("allowed", "denied", "failed_closed"):
+            self.budget_reviews.labels(verdict=verdict)
 
         self.calls_in_progress = Gauge(
             "cozystack_gpu_hook_calls_in_progress",
@@ -228,10 +239,12 @@ class Metrics:
         )
         self.memory_refused = Counter(
             "cozystack_gpu_hook_memory_refused_total",
-            "Calls refused by the memory budget: 429 (waited too long), 413 or 411 (never fits)",
+            "Calls refused by the memory budget: 429 (waited too long) or 413 (can never fit)",
             ["code"],
             registry=self.registry,
         )
+        for code in ("429", "413"):
+            self.memory_refused.labels(code=code)
         self.memory_wait = Histogram(
             "cozystack_gpu_hook_memory_wait_seconds",
             "Time calls waited for the memory budget before they were admitted or refused",
@@ -260,8 +273,10 @@ class Metrics:
         another process is recorded all the same)."""
         if isinstance(observation, ClassStatusObserved):
             self._record_status(observation)
-        else:
+        elif isinstance(observation, LicenseCopiesObserved):
             self._record_license(observation)
+        else:
+            self.budget_reviews.labels(verdict=observation.verdict).inc()
 
     def _record_status(self, observed: ClassStatusObserved) -> None:
         """A status sync: forget deleted classes, and keep this class's computation."""

@@ -16,7 +16,13 @@ from typing import Literal
 
 import msgspec
 
-from hooks.answer import Answer, ClassStatusObserved, LicenseCopiesObserved, Observation
+from hooks.answer import (
+    Answer,
+    BudgetReviewObserved,
+    ClassStatusObserved,
+    LicenseCopiesObserved,
+    Observation,
+)
 from hooks.controllers import budget, license, status
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
@@ -141,6 +147,9 @@ def budget_review(review: Review) -> Handler:
             return Answer(msgspec.json.encode(denial), {"outcome": "denied", "allowed": False})
         verdict = outcome.verdict
         response = review_response(request.uid, verdict.allowed, verdict.message)
+        observed = BudgetReviewObserved(
+            "allowed" if verdict.allowed else "failed_closed" if outcome.failed_closed else "denied"
+        )
         facts = {
             "outcome": "allowed" if verdict.allowed else "denied",
             "allowed": verdict.allowed,
@@ -150,7 +159,9 @@ def budget_review(review: Review) -> Handler:
             "operation": outcome.operation,
             "read_inputs": outcome.read_inputs,
         }
-        return Answer(msgspec.json.encode(response), facts, skipped=verdict.skipped)
+        return Answer(
+            msgspec.json.encode(response), facts, skipped=verdict.skipped, observation=observed
+        )
 
     return handle
 

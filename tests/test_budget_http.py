@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.app import create_app
 from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES
 from hooks.logs import LOGGER
+from hooks.metrics import Metrics
 from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
@@ -156,6 +158,24 @@ def test_unreadable_inputs_deny_saying_what_could_not_be_read(
     assert answer["status"]["message"].startswith(
         "GPU budget check failed closed: could not list HelmReleases"
     )
+
+
+def test_budget_reviews_are_counted_by_verdict_failed_closed_apart(
+    settings: Settings, cluster: list[dict[str, Any]], apiserver: FakeApiServer
+) -> None:
+    metrics = Metrics(180.0)
+    client = create_app(settings, metrics=metrics).test_client()
+    review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))  # an unbounded tenant
+    review(client, "/admit/gpu-budget", vm("tenant-a", "y", GPU, GPU, GPU, GPU, GPU))
+    apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})
+    review(client, "/admit/gpu-budget", vm("tenant-a", "z", GPU))
+    counted = {
+        sample.labels["verdict"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition()[0].decode())
+        for sample in family.samples
+        if sample.name == "cozystack_gpu_budget_reviews_total"
+    }
+    assert counted == {"allowed": 1, "denied": 1, "failed_closed": 1}
 
 
 def test_other_kinds_and_operations_pass(client: FlaskClient) -> None:

@@ -30,6 +30,7 @@ from tests.chart import CHART, by_kind, one, render
 # Renders the chart with helm (`make tools`).
 pytestmark = pytest.mark.tools
 
+ROOT = CHART.parent
 DASHBOARD = CHART / "dashboards" / "gpu-classes.json"
 MONITORING = (
     "monitoring.dashboard.enabled=true",
@@ -40,8 +41,14 @@ METRIC = re.compile(r"\bcozystack_[a-z_]+\b")
 
 
 @pytest.fixture(scope="module")
-def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Sample names of a real /metrics scrape after syncing sample classes through the hooks."""
+def exported_names(exported: dict[str, set[str]]) -> set[str]:
+    return set(exported)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """Sample names of a real /metrics scrape after syncing sample classes through the hooks,
+    each with the labels its samples carry."""
     from tests.apiserver import fake_apiserver
 
     with fake_apiserver() as api:
@@ -73,9 +80,11 @@ def exported_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         )
         client.post("/status/sync", data=b"not json")
         text = metrics.exposition()[0].decode()
-    return {
-        sample.name for family in text_string_to_metric_families(text) for sample in family.samples
-    }
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
+    return labels
 
 
 def dashboard() -> dict[str, Any]:
@@ -125,6 +134,40 @@ def test_every_metric_used_is_exported(exported_names: set[str]) -> None:
     }
     assert used
     assert used <= exported_names, used - exported_names
+
+
+# Labels Prometheus adds to every scraped series (and `le`, a histogram bucket's bound).
+SCRAPE_LABELS = {"instance", "job", "namespace", "pod", "service", "container", "endpoint"}
+
+
+def unexported_labels(expr: str, exported: dict[str, set[str]]) -> set[str]:
+    """Labels the expression uses that the service's series do not carry: every label matched on
+    a metric must be one its samples carry, and every label grouped or joined on one that a
+    metric of the expression carries (or the scrape adds)."""
+    expr = promql(expr)
+    missing = set()
+    for metric, matchers in re.findall(r"\b(cozystack_[a-z_]+)\{([^}]*)\}", expr):
+        names = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers))
+        missing |= names - exported[metric] - SCRAPE_LABELS
+    carried = set().union(*(exported[m] for m in METRIC.findall(expr))) | SCRAPE_LABELS
+    for group in re.findall(r"\b(?:by|on|without|ignoring) *\(([^)]*)\)", expr):
+        missing |= {name.strip() for name in group.split(",") if name.strip()} - carried
+    return missing
+
+
+def test_every_label_the_dashboard_and_alerts_use_is_exported(
+    exported: dict[str, set[str]],
+) -> None:
+    """A renamed label would leave a panel or an alert silently empty."""
+    for expr in dashboard_expressions() + [r["expr"] for r in rules()]:
+        assert unexported_labels(expr, exported) == set(), expr
+
+
+def test_a_renamed_label_would_be_caught(exported: dict[str, set[str]]) -> None:
+    renamed = 'max by (class, cause) (cozystack_gpu_class_condition{type="Ready"})'
+    assert unexported_labels(renamed, exported) == {"cause"}
+    matched = 'cozystack_gpu_hook_requests_total{status=~"5.."}'
+    assert unexported_labels(matched, exported) == {"status"}
 
 
 def test_dashboard_follows_cozystack_conventions() -> None:
@@ -183,6 +226,10 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
         "GPUClassStatusNotSynced",
         "GPUClassHookServerErrors",
         "GPUClassHookClientErrors",
+        "GPUClassHooksDown",
+        "GPUClassBudgetReviewsFailingClosed",
+        "GPUClassHookMemoryBudgetRefusals",
+        "GPUClassHookStalledBodies",
     }
     for rule in rules():
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}
@@ -193,6 +240,16 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
     assert by_name["GPUClassLicenseSecretMissing"]["for"] == "10m"
     assert by_name["GPUClassNoFreeUnits"]["for"] == "1h"
     assert "{{ $labels.class }}" in by_name["GPUClassNotReady"]["annotations"]["summary"]
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    operating = (ROOT / "docs" / "operating.md").read_text()
+    anchors = {h.lower() for h in re.findall(r"^#{2,4} (\w+)$", operating, re.M)}
+    for rule in rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == "https://github.com/cozystack/gpuclass-hooks/blob/main/docs/operating.md"
+        assert anchor == rule["alert"].lower() and anchor in anchors, rule["alert"]
 
 
 def test_alert_rules_render_the_same_for_both_kinds() -> None:
@@ -225,3 +282,54 @@ def test_dashboard_configmap_holds_the_file_unchanged_with_the_sidecar_label() -
     )
     assert custom["metadata"]["labels"]["dashboards"] == "gpu"
     assert custom["metadata"]["namespace"] == "monitoring"
+
+
+# --- scraping ------------------------------------------------------------------------------------
+
+
+def scrape_endpoint(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    scrape = one(documents, kind)
+    service = one(documents, "Service")
+    assert (
+        scrape["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert scrape["spec"]["namespaceSelector"] == {"matchNames": ["cozy-gpu"]}
+    [endpoint] = scrape["spec"]["endpoints"]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports[endpoint["port"]]["targetPort"] == "metrics"  # the metrics port, not the hooks'
+    return dict(endpoint)
+
+
+SCRAPES = ("monitoring.serviceMonitor.enabled=true", "monitoring.vmServiceScrape.enabled=true")
+
+
+def test_scrape_objects_are_off_by_default() -> None:
+    documents = render()
+    assert (
+        by_kind(documents, "ServiceMonitor") == [] and by_kind(documents, "VMServiceScrape") == []
+    )
+
+
+def test_scrape_objects_follow_the_charts_tls_and_token() -> None:
+    secure = render(*SCRAPES)
+    monitor = scrape_endpoint(secure, "ServiceMonitor")
+    assert monitor["scheme"] == "https" and monitor["path"] == "/metrics"
+    assert monitor["tlsConfig"] == {
+        "serverName": "gpu-gpuclass-hooks.cozy-gpu.svc",
+        "ca": {"secret": {"name": "gpu-gpuclass-hooks-tls", "key": "ca.crt"}},
+    }
+    assert "authorization" not in monitor  # metrics.requireAuth is off by default
+    vm = scrape_endpoint(secure, "VMServiceScrape")
+    assert vm["tlsConfig"] == monitor["tlsConfig"] and "bearerTokenSecret" not in vm
+
+    tokened = render(*SCRAPES, "metrics.requireAuth=true", "tls.existingSecret=own")
+    token = {"name": "gpu-gpuclass-hooks-hook-token", "key": "token"}
+    monitor = scrape_endpoint(tokened, "ServiceMonitor")
+    assert monitor["authorization"] == {"type": "Bearer", "credentials": token}
+    assert monitor["tlsConfig"]["ca"]["secret"]["name"] == "own"
+    assert scrape_endpoint(tokened, "VMServiceScrape")["bearerTokenSecret"] == token
+
+    plain = render(*SCRAPES, "tls.enabled=false", "auth.enabled=false", api_versions=())
+    for kind in ("ServiceMonitor", "VMServiceScrape"):
+        endpoint = scrape_endpoint(plain, kind)
+        assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint

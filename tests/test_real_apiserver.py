@@ -31,10 +31,11 @@ from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVir
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
-from tests.chart import CHART, helm
+from tests.chart import CHART, helm, render
 from tests.controlplane import (
     ADMIN_TOKEN,
     ControlPlane,
+    binary,
     collection_path,
     control_plane,
     object_path,
@@ -706,3 +707,36 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
         subprocess.run([helm(), "uninstall", release, *base], capture_output=True, timeout=120)
     assert tokens[0] is None and tokens[1] is None
     assert tokens[2] is not None and tokens[3] == tokens[2]
+
+
+def test_monitoring_objects_are_stored_as_written(kube: ControlPlane) -> None:
+    """The ServiceMonitor and PrometheusRule against prometheus-operator's own CRDs (from its Go
+    module, `make tools`), the VMServiceScrape and VMRule against CRDs written for the suite from
+    the VictoriaMetrics operator's published API for the fields the chart uses
+    (tests/manifests/victoriametrics-crds.yaml): a field the API does not know would be pruned,
+    a wrong type refused."""
+    crds = Path(binary("helm")).parent / "prometheus-operator-crds"
+    operator_crds = [yaml.safe_load(path.read_text()) for path in sorted(crds.glob("*.yaml"))]
+    kube.apply(*operator_crds, *manifests("victoriametrics-crds.yaml"))
+    for crd in [*operator_crds, *manifests("victoriametrics-crds.yaml")]:
+        kube.wait_established(crd["metadata"]["name"])
+    kube.namespace("cozy-gpu-monitoring")
+    rendered = render(
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.vmServiceScrape.enabled=true",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.vmRule.enabled=true",
+        "metrics.requireAuth=true",
+        namespace="cozy-gpu-monitoring",
+    )
+    kinds = ("ServiceMonitor", "VMServiceScrape", "PrometheusRule", "VMRule")
+    documents = [d for d in rendered if d["kind"] in kinds]
+    assert sorted(d["kind"] for d in documents) == sorted(kinds)
+    for document in documents:
+        located = {
+            **document,
+            "metadata": {**document["metadata"], "namespace": "cozy-gpu-monitoring"},
+        }
+        created = kube.request("POST", collection_path(located), located)
+        assert created.status_code == 201, (document["kind"], created.text)
+        assert differences(document, created.json()) == [], document["kind"]

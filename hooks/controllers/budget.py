@@ -59,6 +59,7 @@ class BudgetOutcome:
     name: str
     operation: str
     read_inputs: bool = False
+    failed_closed: bool = False  # denied because an input could not be read
 
 
 def _new_object(request: AdmissionRequest) -> AppObject:
@@ -83,18 +84,25 @@ def _name(request: AdmissionRequest, obj: AppObject) -> str:
     return obj.metadata.name or request.name
 
 
-def _outcome(request: AdmissionRequest, verdict: Verdict, read: bool = False) -> BudgetOutcome:
+def _outcome(
+    request: AdmissionRequest, verdict: Verdict, read: bool = False, failed_closed: bool = False
+) -> BudgetOutcome:
     return BudgetOutcome(
-        verdict, request.kind.kind, request.namespace, request.name, request.operation, read
+        verdict,
+        request.kind.kind,
+        request.namespace,
+        request.name,
+        request.operation,
+        read,
+        failed_closed,
     )
 
 
 def _checked(request: AdmissionRequest, decide: Callable[[], Verdict]) -> BudgetOutcome:
     try:
-        verdict = decide()
+        return _outcome(request, decide(), read=True)
     except Unreadable as error:
-        verdict = Verdict(False, f"{FAILED_CLOSED}{error}")
-    return _outcome(request, verdict, read=True)
+        return _outcome(request, Verdict(False, f"{FAILED_CLOSED}{error}"), True, True)
 
 
 def _ours(request: AdmissionRequest, kinds: tuple[str, ...]) -> bool:

@@ -3,6 +3,8 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
 {{`{{ $labels.x }}`}} so that Helm leaves them to Prometheus.
 */}}
 {{- define "gpuclass-hooks.alertGroups" -}}
+{{- $runbooks := .Values.monitoring.runbookURL -}}
+{{- $job := include "gpuclass-hooks.fullname" . -}}
 - name: gpuclass-hooks.classes
   rules:
   - alert: GPUClassNotReady
@@ -13,6 +15,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `GPU class {{ $labels.class }} is not Ready ({{ $labels.reason }})` | quote }}
       description: {{ `VMs cannot use GPU class {{ $labels.class }}: its Ready condition has been {{ $labels.reason }} for 15 minutes. Read the condition of that name in "kubectl get gpuclass {{ $labels.class }} -o yaml"; "gpuclass-hooks plan --explain {{ $labels.class }}" on a cluster dump shows each node.` | quote }}
+      runbook_url: {{ printf "%s#gpuclassnotready" $runbooks | quote }}
   - alert: GPUClassLicenseSecretMissing
     expr: max by (class, reason) (cozystack_gpu_class_condition{type="LicenseSecretMissing", status="True"}) == 1
     for: 10m
@@ -21,6 +24,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `The license token of GPU class {{ $labels.class }} cannot be copied ({{ $labels.reason }})` | quote }}
       description: {{ `Existing license copies are kept, but namespaces entitled since get none, and a rotated token does not reach tenants. Restore the Secret named in spec.license.secretRef, put a non-empty token under its key, or move it to an allowed namespace (GPUCLASS_LICENSE_NAMESPACES).` | quote }}
+      runbook_url: {{ printf "%s#gpuclasslicensesecretmissing" $runbooks | quote }}
   - alert: GPUClassLicenseCopyConflict
     expr: max by (class, reason) (cozystack_gpu_class_condition{type="LicenseCopyConflict", status="True"}) == 1
     for: 15m
@@ -29,6 +33,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `Some namespaces get no license copy of GPU class {{ $labels.class }} ({{ $labels.reason }})` | quote }}
       description: {{ `A Secret named like the copy stands where a copy belongs: a tenant's own (ForeignSecret: ask the tenant to rename it) or an unmanaged copy (UnmanagedCopy: delete it, the hook writes a managed one within a sync). The condition's message lists the namespaces.` | quote }}
+      runbook_url: {{ printf "%s#gpuclasslicensecopyconflict" $runbooks | quote }}
   - alert: GPUClassNoFreeUnits
     expr: (max by (class) (cozystack_gpu_class_capacity_units{eligible="true"}) > 0) and on (class) (max by (class) (cozystack_gpu_class_free_units) == 0)
     for: 1h
@@ -37,6 +42,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `GPU class {{ $labels.class }} has had no free units for an hour` | quote }}
       description: {{ `Every unit of the class on eligible nodes is requested: new VMs of this class cannot start. Add nodes with this resource, uncordon or untaint existing ones, or move tenants to another class.` | quote }}
+      runbook_url: {{ printf "%s#gpuclassnofreeunits" $runbooks | quote }}
   - alert: GPUClassResourceNotAdvertised
     expr: max by (class) (cozystack_gpu_class_condition{type="ResourceNotAdvertised", status="True"}) == 1
     for: 15m
@@ -45,6 +51,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `No node advertises the resource of GPU class {{ $labels.class }}` | quote }}
       description: {{ `spec.resourceName matches no node's status.capacity: it is misspelled, or the device plugin names the resource differently (name drift after a driver or profile change). Compare with "kubectl get nodes -o json | jq '.items[].status.capacity'".` | quote }}
+      runbook_url: {{ printf "%s#gpuclassresourcenotadvertised" $runbooks | quote }}
   - alert: GPUClassStatusNotSynced
     expr: time() - max(max_over_time(cozystack_gpu_class_last_sync_timestamp_seconds[6h])) > 300
     for: 1m
@@ -53,6 +60,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: "GPU class status has not been computed for 5 minutes"
       description: "No hook replica has computed any GPUClass status for 5 minutes, though classes existed in the last 6 hours. The hooks or Metacontroller are down, or Metacontroller cannot reach the hooks (check the gpuclass-status CompositeController's events and the hook pods)."
+      runbook_url: {{ printf "%s#gpuclassstatusnotsynced" $runbooks | quote }}
 - name: gpuclass-hooks.hooks
   rules:
   - alert: GPUClassHookServerErrors
@@ -63,6 +71,7 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `The gpuclass hook {{ $labels.route }} answers 5xx` | quote }}
       description: {{ `The hooks never answer 5xx on purpose: this is a bug. Metacontroller retries with backoff, so status and license copies stop updating. Collect the "unexpected error" log lines of the hook pods and report them.` | quote }}
+      runbook_url: {{ printf "%s#gpuclasshookservererrors" $runbooks | quote }}
   - alert: GPUClassHookClientErrors
     expr: sum by (route) (rate(cozystack_gpu_hook_requests_total{code=~"4.."}[10m])) / sum by (route) (rate(cozystack_gpu_hook_requests_total[10m])) > 0.05
     for: 15m
@@ -71,4 +80,43 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
     annotations:
       summary: {{ `The gpuclass hook {{ $labels.route }} refuses more than 5% of calls` | quote }}
       description: {{ `401: Metacontroller's token differs from the accepted tokens (rebuild the controllers after a rotation). 413: a request is larger than maxBodyBytes (set the node and pod selectors). 400: Metacontroller sends requests the hooks cannot read (check its version and the controllers' hook versions). Nothing is written while calls fail.` | quote }}
+      runbook_url: {{ printf "%s#gpuclasshookclienterrors" $runbooks | quote }}
+- name: gpuclass-hooks.service
+  rules:
+  - alert: GPUClassHooksDown
+    expr: (max by (job, namespace) (up{job="{{ $job }}", namespace="{{ .Release.Namespace }}"}) == 0) or absent(up{job="{{ $job }}", namespace="{{ .Release.Namespace }}"})
+    for: 5m
+    labels:
+      severity: critical
+    annotations:
+      summary: "No gpuclass hooks replica has been scraped for 5 minutes"
+      description: {{ printf "No target of job %s in namespace %s is up: the hook pods are gone, not ready, or the ServiceMonitor or VMServiceScrape does not reach their metrics port (TLS or token). Status, license copies and, with admission on, GPU budgets stop with them." $job .Release.Namespace | quote }}
+      runbook_url: {{ printf "%s#gpuclasshooksdown" $runbooks | quote }}
+  - alert: GPUClassBudgetReviewsFailingClosed
+    expr: sum(rate(cozystack_gpu_budget_reviews_total{verdict="failed_closed"}[10m])) > 0
+    for: 10m
+    labels:
+      severity: critical
+    annotations:
+      summary: "GPU budget reviews are denied because their inputs cannot be read"
+      description: "The admission webhook fails closed: while it cannot read HelmReleases or GPUClasses, tenants cannot create or grow VMs and worker pools. The denial message names what could not be read; check the API server and the hooks' RBAC."
+      runbook_url: {{ printf "%s#gpuclassbudgetreviewsfailingclosed" $runbooks | quote }}
+  - alert: GPUClassHookMemoryBudgetRefusals
+    expr: sum(rate(cozystack_gpu_hook_memory_refused_total{code="429"}[10m])) * 60 > 1
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: "The hooks refuse more than one call a minute for want of memory (429)"
+      description: "Calls wait for the memory budget and are refused after memoryBudget.waitSeconds; Metacontroller retries them, but syncs are late. Shrink the requests (selectors.nodes, selectors.pods) or raise resources.limits.memory."
+      runbook_url: {{ printf "%s#gpuclasshookmemorybudgetrefusals" $runbooks | quote }}
+  - alert: GPUClassHookStalledBodies
+    expr: sum(rate(cozystack_gpu_hook_requests_total{code="408"}[10m])) * 60 > 1
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: "More than one call a minute sends its body too slowly (408)"
+      description: "Clients stop sending request bodies before the body deadline: a network problem between Metacontroller or the API server and the hooks, or a client holding connections open on purpose. Each stalled call held a thread until its deadline."
+      runbook_url: {{ printf "%s#gpuclasshookstalledbodies" $runbooks | quote }}
 {{- end -}}
