@@ -233,6 +233,7 @@ def test_every_dashboard_query_returns_finite_values(prometheus: str) -> None:
         assert series, f"panel {title!r} shows nothing: {expr}"
         values = [float(s["value"][1]) for s in series]
         assert all(math.isfinite(v) for v in values), (title, values)
+        print(f"panel {title}: {len(series)} series, {sorted(round(v, 4) for v in values)}")
 
 
 def test_the_class_variable_lists_every_class(prometheus: str) -> None:
@@ -249,6 +250,8 @@ def test_every_alert_expression_returns_what_the_state_calls_for(
     rules = [r for g in one(chart, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
     assert {r["alert"] for r in rules} >= FIRING
     results = {rule["alert"]: query(prometheus, rule["expr"]) for rule in rules}
+    for name, series in results.items():
+        print(f"alert {name}: {[s['metric'] for s in series]}")
     assert {name for name, series in results.items() if series} == FIRING
     assert {s["metric"]["class"] for s in results["GPUClassResourceNotAdvertised"]} == {"ghost"}
     assert {s["metric"]["class"] for s in results["GPUClassNotReady"]} == {"ghost"}
