@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
-	image image-base image-test
+	image image-base image-test bugs
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -78,6 +78,12 @@ bench-load: $(BIN)/gpuclass-hooks
 # service's scoped reads and the fresh-LIST baseline (about 15 minutes; needs make tools).
 bench-admission: $(BIN)/gpuclass-hooks tools
 	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.admission
+
+# Each patch under mutation/bugs/ puts back a bug; make unit must fail on every one (a few
+# minutes; not in CI). NAMES='a b' checks only those patches.
+NAMES ?=
+bugs: $(BIN)/gpuclass-hooks
+	$(BIN)/python mutation/bugs.py $(NAMES)
 
 # Mutation testing of hooks/rules and hooks/controllers (mutmut; not in CI): a full run takes about
 # 17 minutes on 2 cores; MUTANTS='hooks.rules.budget*' runs one module. The report counts the

@@ -37,10 +37,15 @@ BODY = status_sync_request(gpuclass("a"))
 METACONTROLLER_HOOKS = [hook.path for hook in HOOKS if hook.needs_token]
 
 
-def test_every_hook_is_guarded_unless_the_api_server_calls_it() -> None:
-    # The API server sends no bearer token: its hooks are the HTTPS-only ones, and only those.
-    for hook in HOOKS:
-        assert hook.needs_token != hook.https_only, hook.path
+# The API server sends no bearer token, and calls webhooks over HTTPS only: exactly these routes
+# are its, and take no token. Any other route declared the API server's would be open to anyone.
+API_SERVER_ROUTES = {"/admit/gpu-budget", "/admit/tenant-gpu-keys"}
+
+
+def test_only_the_admission_routes_go_without_the_token_and_only_over_https() -> None:
+    assert {hook.path for hook in HOOKS if not hook.needs_token} == API_SERVER_ROUTES
+    assert {hook.path for hook in HOOKS if hook.https_only} == API_SERVER_ROUTES
+    assert len(METACONTROLLER_HOOKS) == 4
 
 
 @pytest.mark.parametrize("route", METACONTROLLER_HOOKS)
@@ -75,8 +80,40 @@ def test_token_rotation_without_restart(settings: Settings, hook_tokens: Path) -
     assert client.post("/status/sync", json=BODY, headers=bearer("second-token")).status_code == 200
     assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
     hook_tokens.write_text("second-token\n")
-    os.utime(hook_tokens, ns=(1, 1))  # a same-size rewrite within one mtime tick still counts
     assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 401
+
+
+def test_a_same_size_rewrite_in_place_is_picked_up(settings: Settings, hook_tokens: Path) -> None:
+    """Same inode, same size: only the modification time tells (a rewrite a moment later)."""
+    client = client_for(settings, auth_token_file=hook_tokens)
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
+    before = os.stat(hook_tokens)
+    with hook_tokens.open("r+") as rewritten:  # in place: the inode stays
+        rewritten.write("third-token\n")
+    os.utime(hook_tokens, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    after = os.stat(hook_tokens)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 401
+    assert client.post("/status/sync", json=BODY, headers=bearer("third-token")).status_code == 200
+
+
+def test_deleting_the_token_file_revokes_every_token(settings: Settings, hook_tokens: Path) -> None:
+    client = client_for(settings, auth_token_file=hook_tokens)
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
+    hook_tokens.unlink()
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 401
+
+
+def test_a_blank_line_in_the_token_file_accepts_no_empty_token(
+    settings: Settings, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("first-token\n\n   \n")
+    client = client_for(settings, auth_token_file=tokens)
+    for header in ("Bearer ", "Bearer", "Bearer    ", "bearer \t"):
+        refused = client.post("/status/sync", json=BODY, headers={"Authorization": header})
+        assert refused.status_code == 401, header
+    assert client.post("/status/sync", json=BODY, headers=bearer("first-token")).status_code == 200
 
 
 def test_missing_token_file_refuses_everything(settings: Settings, tmp_path: Path) -> None:

@@ -18,7 +18,15 @@ from hooks.metrics import Metrics
 from hooks.rules.budget import TOTAL_KEY, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
-from tests.builders import GPU, OTHER_GPU, admission_review, gpuclass, gpus, helmrelease
+from tests.builders import (
+    GPU,
+    OTHER_GPU,
+    admission_review,
+    example_of,
+    gpuclass,
+    gpus,
+    helmrelease,
+)
 
 HTTPS = "https://localhost"
 L40S_KEY = class_key("l40s")
@@ -178,6 +186,33 @@ def test_budget_reviews_are_counted_by_verdict_failed_closed_apart(
     assert counted == {"allowed": 1, "denied": 1, "failed_closed": 1}
 
 
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [
+        ("admission.k8s.io/v1", "ConfigMap"),
+        ("admission.k8s.io/v1", "AdmissionRequest"),
+        ("admission.k8s.io/v1beta1", "AdmissionReview"),
+        ("v1", "AdmissionReview"),
+    ],
+)
+def test_an_envelope_that_is_not_a_v1_admission_review_is_a_400(
+    client: FlaskClient, api_version: str, kind: str
+) -> None:
+    body = vm("tenant-a", "x", GPU)
+    body["apiVersion"], body["kind"] = api_version, kind
+    response = client.post("/admit/gpu-budget", json=body, base_url=HTTPS)
+    assert response.status_code == 400 and set(response.json) == {"error"}
+
+
+def test_a_real_delete_with_a_null_object_is_allowed(client: FlaskClient) -> None:
+    """What the API server sends for a DELETE: no object, the old one as it was."""
+    body = vm("tenant-a", "render", GPU, GPU, GPU, GPU, GPU, operation="DELETE")
+    body["request"]["oldObject"] = body["request"]["object"]
+    body["request"]["object"] = None
+    answer = review(client, "/admit/gpu-budget", body)
+    assert answer["allowed"] is True and answer["uid"] == body["request"]["uid"]
+
+
 def test_other_kinds_and_operations_pass(client: FlaskClient) -> None:
     other = vm("tenant-a", "x", GPU, GPU, GPU)
     other["request"]["kind"]["kind"] = "Postgres"
@@ -207,19 +242,26 @@ def test_an_unreadable_review_is_a_400(client: FlaskClient, body: bytes) -> None
     assert response.status_code == 400 and set(response.json) == {"error"}
 
 
-def test_plain_http_is_refused(client: FlaskClient) -> None:
-    response = client.post("/admit/gpu-budget", json=vm("tenant-a", "x", GPU))
+ADMISSION_ROUTES = ("/admit/gpu-budget", "/admit/tenant-gpu-keys")
+
+
+@pytest.mark.parametrize("route", ADMISSION_ROUTES)
+def test_plain_http_is_refused(client: FlaskClient, route: str) -> None:
+    response = client.post(route, data=example_of(route), content_type="application/json")
     assert response.status_code == 403
     assert response.json == {"error": "admission webhooks are served over HTTPS only"}
 
 
+@pytest.mark.parametrize("route", ADMISSION_ROUTES)
 def test_admission_is_exempt_from_the_hook_token(
-    settings: Settings, cluster: list[dict[str, Any]], tmp_path: Path
+    settings: Settings, cluster: list[dict[str, Any]], tmp_path: Path, route: str
 ) -> None:
+    """With the token required, the API server's calls (which carry none) are still answered."""
     tokens = tmp_path / "tokens"
     tokens.write_text("hook-token\n")
     client = create_app(settings.model_copy(update={"auth_token_file": tokens})).test_client()
-    assert review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))["allowed"]
+    answer = review(client, route, example_of(route))
+    assert answer["uid"] and isinstance(answer["allowed"], bool)
     assert client.post("/status/sync", json={}, base_url=HTTPS).status_code == 401
 
 

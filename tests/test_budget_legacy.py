@@ -17,8 +17,14 @@ import msgspec
 import pytest
 
 from hooks.controllers.budget import BudgetInputs, review_app, review_tenant
-from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES, BudgetReader, releases_in
-from hooks.rules.budget import TOTAL_KEY, Verdict, parse_budget, tenant_from_release
+from hooks.kubeapi.budget import (
+    GPUCLASSES,
+    HELMRELEASES,
+    BudgetReader,
+    release_object,
+    releases_in,
+)
+from hooks.rules.budget import TOTAL_KEY, Tenant, Verdict, parse_budget, tenant_from_release
 from hooks.rules.quantity import QuantityError, parse_units
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
@@ -341,3 +347,32 @@ def test_an_unreadable_list_still_fails_closed(apiserver: FakeApiServer) -> None
     )
     with pytest.raises(Unreadable):
         budgets.tenancy(["tenant-a"])
+
+
+def test_an_unplaceable_release_fails_closed_a_pool_whose_walk_passes_an_unowned_namespace(
+    apiserver: FakeApiServer,
+) -> None:
+    """The root's pool applies to tenant-c, but no placed tenant owns tenant-c: the nameless
+    release could be c, bounded, a pool of its own with another budget. Fail closed there."""
+    legacy = renamed(unlabelled(helmrelease("Tenant", "tenant-root", "q", {})), "legacy")
+    budgets = cluster(apiserver, ROOT_TWO, legacy)
+    unsettled = verdict_of(vm("tenant-c", "v", GPU), budgets)
+    assert (unsettled.allowed, unsettled.message) == (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-root/legacy: metadata.labels: no "
+        f"{NAME_LABEL}, and the release name names no tenant",
+    )
+
+
+@pytest.mark.parametrize(
+    ("release", "name", "unreadable"),
+    [("tenant-x", "x", False), ("legacy", None, True)],
+)
+def test_an_empty_name_label_on_a_tenant_release_names_no_tenant(
+    release: str, name: str | None, unreadable: bool
+) -> None:
+    document = renamed(helmrelease("Tenant", "tenant-root", "x", {}), release)
+    document["metadata"]["labels"][NAME_LABEL] = ""
+    tenant = release_object(msgspec.Raw(msgspec.json.encode(document)))
+    assert isinstance(tenant, Tenant)
+    assert tenant.name == name and (tenant.unreadable is not None) == unreadable

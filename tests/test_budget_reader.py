@@ -233,3 +233,91 @@ def test_a_namespace_whose_parent_cannot_exist_reads_no_list_there() -> None:
     source = Recorder()
     assert scoped_tenancy(source, ["tenant--x"]) == Tenancy()
     assert source.read == ["tenant-root: root", "tenant-root: unnamed", "tenant--x"]
+
+
+# The cost contract: a review reads the owners of its namespace and its own pool, which stops at
+# bounded sub-tenants (each its own pool) and goes through unbounded ones.
+TREE = [
+    helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "4"}}),
+    helmrelease("Tenant", "tenant-a", "u", {}),  # unbounded: inside a's pool
+    helmrelease("Tenant", "tenant-a", "b", {"resourceQuotas": {TOTAL_KEY: "1"}}),  # bounded
+    helmrelease("Tenant", "tenant-a-b", "c", {}),
+    helmrelease("Tenant", "tenant-a-u", "w", {}),
+    helmrelease("VMInstance", "tenant-a-u", "vm-u", {"gpus": gpus(GPU)}),
+    helmrelease("VMInstance", "tenant-a-b", "vm-b", {"gpus": gpus(GPU)}),
+    helmrelease("VMInstance", "tenant-a-b-c", "vm-c", {"gpus": gpus(GPU)}),
+    helmrelease("VMInstance", "tenant-a-u-w", "vm-w", {"gpus": gpus(GPU)}),
+]
+ROOT_OWNERS = [
+    f"tenant-root: {KINDS}=Tenant,{NAME} in (a,root)",
+    f"tenant-root: {KINDS}=Tenant,!{NAME}",
+    f"tenant-root: {KINDS}=Tenant,{NAME}=",
+]
+
+
+def pool(*namespaces: str) -> list[str]:
+    return [f"{n}: {KINDS} in (Tenant,VMInstance,KubernetesNodes)" for n in namespaces]
+
+
+@pytest.mark.parametrize(
+    ("namespace", "lists", "apps"),
+    [
+        (
+            "tenant-a",
+            [*ROOT_OWNERS, *pool("tenant-a", "tenant-a-u", "tenant-a-u-w")],
+            {"vm-u", "vm-w"},
+        ),
+        (
+            "tenant-a-u-w",
+            [
+                f"tenant-a: {KINDS}=Tenant,{NAME} in (u)",
+                f"tenant-a-u: {KINDS}=Tenant,{NAME} in (w)",
+                *ROOT_OWNERS,
+                *pool("tenant-a", "tenant-a-u", "tenant-a-u-w"),
+            ],
+            {"vm-u", "vm-w"},
+        ),
+        (
+            "tenant-a-b-c",
+            [
+                f"tenant-a: {KINDS}=Tenant,{NAME} in (b)",
+                f"tenant-a-b: {KINDS}=Tenant,{NAME} in (c)",
+                *ROOT_OWNERS,
+                *pool("tenant-a-b", "tenant-a-b-c"),
+            ],
+            {"vm-b", "vm-c"},
+        ),
+    ],
+)
+def test_a_review_lists_its_owners_and_its_pool_and_stops_at_bounded_sub_tenants(
+    settings: Settings, apiserver: FakeApiServer, namespace: str, lists: list[str], apps: set[str]
+) -> None:
+    apiserver.serve(HELMRELEASES, 200, list_of(TREE))
+    tenancy = reader(settings).tenancy([namespace])
+    assert sorted(releases_read(apiserver)) == sorted(lists)
+    assert {app.name for app in tenancy.apps} == apps
+
+
+def test_a_vm_and_a_worker_pool_of_one_name_are_two_releases(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """Releases are told apart by their own names (Cozystack prefixes the kind), not by the app
+    names they carry: neither hides the other's reservation."""
+    apiserver.serve(
+        HELMRELEASES,
+        200,
+        list_of(
+            [
+                helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "4"}}),
+                helmrelease("VMInstance", "tenant-a", "x", {"gpus": gpus(GPU, GPU)}),
+                helmrelease(
+                    "KubernetesNodes", "tenant-a", "x", {"gpus": gpus(GPU), "maxReplicas": 2}
+                ),
+            ]
+        ),
+    )
+    apps = reader(settings).tenancy(["tenant-a"]).apps
+    assert sorted((app.kind, app.name) for app in apps) == [
+        ("KubernetesNodes", "x"),
+        ("VMInstance", "x"),
+    ]

@@ -126,6 +126,34 @@ def test_first_come_first_served() -> None:
     assert order == ["first", "second"]
 
 
+def test_when_the_head_of_the_line_gives_up_the_next_is_admitted_at_once() -> None:
+    """The head's timeout wakes the next in line, which fits: it is admitted then, not left to
+    time out itself."""
+    memory = budget(total=30 * KIB, wait=0.6)
+    held = memory.reserve(13 * KIB)  # 19.5 KiB of 30
+    assert isinstance(held, Admitted)
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, size: int) -> None:
+        outcomes[name] = memory.reserve(size)
+
+    head = threading.Thread(target=call, args=("head", 10 * KIB))  # 15 KiB: does not fit
+    head.start()
+    while memory.waiting < 1:
+        time.sleep(0.005)
+    time.sleep(0.2)
+    nxt = threading.Thread(target=call, args=("next", 2 * KIB))  # 3 KiB: fits, waits its turn
+    nxt.start()
+    head.join(5)
+    nxt.join(5)
+    assert isinstance(outcomes["head"], TimedOut)
+    admitted = outcomes["next"]
+    assert isinstance(admitted, Admitted)
+    assert admitted.waited < 0.55  # woken when the head left, at about 0.4 s of its 0.6 s
+    admitted.release()
+    held.release()
+
+
 # --- how much, by default ----------------------------------------------------------------------
 
 

@@ -84,3 +84,18 @@ def test_every_listed_line_has_a_reason_and_names_a_function_of_the_service() ->
         path, _, function = key.partition(": ")[0].partition("::")
         assert (ROOT / path).is_file(), key
         assert f"def {function.rpartition('.')[2]}(" in (ROOT / path).read_text(), key
+
+
+def test_every_bug_patch_still_applies_to_the_code() -> None:
+    """mutation/bugs.py puts each bug back (`make bugs`, not in CI); a patch that no longer
+    applies would silently stop proving anything, so the suite checks they all apply."""
+    import subprocess
+
+    root = Path(__file__).parent.parent
+    patches = sorted((root / "mutation" / "bugs").glob("*.patch"))
+    assert len(patches) >= 14
+    for patch in patches:
+        checked = subprocess.run(
+            ["git", "apply", "--check", str(patch)], cwd=root, capture_output=True, text=True
+        )
+        assert checked.returncode == 0, f"{patch.name}: {checked.stderr}"

@@ -66,3 +66,15 @@ def test_decorator_attachments_absent_differs_from_empty() -> None:
     assert len(decoded.attachments["Secret.v1"].objects) == 1
     del request["attachments"]
     assert decode_decorator_sync(json.dumps(request).encode()).attachments is None
+
+
+def test_a_denial_message_is_cut_to_its_bound_and_no_shorter() -> None:
+    from hooks.wire.admission import MAX_MESSAGE, review_response
+
+    def message(text: str) -> str:
+        return str(review_response("u", False, text)["response"]["status"]["message"])
+
+    at_bound = "x" * MAX_MESSAGE
+    assert message(at_bound) == at_bound
+    over = message("y" * (MAX_MESSAGE + 1))
+    assert len(over) == MAX_MESSAGE and over == "y" * (MAX_MESSAGE - 1) + "…"

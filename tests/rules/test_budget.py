@@ -748,3 +748,28 @@ def test_a_sub_tenant_that_declares_the_key_does_not_hold_its_parent_back() -> N
         classes=CLASSES,
     )
     assert verdict.allowed is True, verdict.message
+
+
+def test_the_root_tenant_is_never_its_own_sub_tenant_its_apps_use_its_whole_budget() -> None:
+    tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4})]
+    assert admit(vm("tenant-root", "four", L40S, L40S, L40S, L40S), [], tenants) == (True, "")
+    allowed, message = admit(vm("tenant-root", "five", *[L40S] * 5), [], tenants)
+    assert not allowed
+    assert message == (
+        f"{TOTAL_KEY}: this VMInstance needs 5, the pool of tenant root (tenant-root) has 4 left "
+        "(budget 4, 0 carved out for sub-tenants, 0 reserved by other apps)"
+    )
+
+
+def test_a_vm_and_a_worker_pool_of_one_name_each_reserve() -> None:
+    """Apps are told apart by kind and name: a VMInstance and a KubernetesNodes named alike are
+    two reservations, neither hiding the other."""
+    tenants = [root(), tenant("tenant-root", "a", {TOTAL_KEY: 4})]
+    apps = [vm("tenant-a", "x", L40S, L40S), pool("tenant-a", "x", L40S, max_replicas=2)]
+    allowed, message = admit(vm("tenant-a", "y", L40S), apps, tenants)
+    assert not allowed and "4 reserved by other apps" in message
+    # growing either one counts the other
+    grown_vm = vm("tenant-a", "x", L40S, L40S, L40S)
+    assert not admit(grown_vm, apps, tenants, old=apps[0])[0]
+    grown_pool = pool("tenant-a", "x", L40S, max_replicas=3)
+    assert not admit(grown_pool, apps, tenants, old=apps[1])[0]

@@ -151,6 +151,15 @@ def test_resource_advertised_only_through_capacity() -> None:
     assert not capacity([node("cpu", gpus=None)], []).advertised
 
 
+def test_one_advertising_node_among_others_advertises_the_resource() -> None:
+    """Any node listing the resource in its capacity advertises it, wherever it comes in the
+    list: nodes without the resource, or with it in allocatable only, change nothing."""
+    gpu, cpu, allocatable_only = node("gpu", gpus=2), node("cpu", gpus=None), node("b", gpus=2)
+    del allocatable_only["status"]["capacity"][GPU]
+    for nodes in ([gpu, cpu], [cpu, gpu], [gpu, allocatable_only], [allocatable_only, gpu, cpu]):
+        assert capacity(nodes, []).advertised, [n["metadata"]["name"] for n in nodes]
+
+
 requests = st.integers(min_value=0, max_value=8)
 
 
