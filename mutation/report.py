@@ -80,7 +80,10 @@ def report(
     """The report of a run; `key_of` gives the content key of a mutant by name."""
     status = statuses(results)
     counts = Counter(status.values())
-    survivors = {name: key_of(name) for name, state in status.items() if state == "survived"}
+    # A mutant no test reaches is not killed: it counts as a survivor, news like any other.
+    survivors = {
+        name: key_of(name) for name, state in status.items() if state in ("survived", "no tests")
+    }
     news = sorted(name for name, key in survivors.items() if key not in listed)
     checked = {function_of(name) for name, state in status.items() if state != "not checked"}
     surviving = set(survivors.values())
@@ -92,7 +95,8 @@ def report(
     score = killed / judged if judged else 1.0
     lines = [
         f"{len(status)} mutants: {killed} killed, {len(survivors)} survived "
-        f"({len(survivors) - len(news)} listed as equivalent), {counts['not checked']} not checked",
+        f"({counts['no tests']} reached by no test; {len(survivors) - len(news)} listed as "
+        f"equivalent), {counts['not checked']} not checked",
         f"score over mutants that change behaviour: {score:.1%} (target {TARGET:.0%})",
     ]
     lines += [f"NEW SURVIVOR {name}\n    {survivors[name]}" for name in news]

@@ -50,6 +50,15 @@ def test_listed_survivors_are_left_out_of_the_score_and_the_news() -> None:
     assert code == 1
 
 
+def test_a_mutant_no_test_reaches_counts_as_a_survivor() -> None:
+    untested = RESULTS + "    hooks.rules.a.x_f__mutmut_5: no tests\n"
+    diffs = {**DIFFS, "hooks.rules.a.x_f__mutmut_5": HEAD + "-    y = 1\n+    y = 2"}
+    text, code = report.report(untested, {}, lambda name: report.content_key(name, diffs[name]))
+    assert "3 survived (1 reached by no test; 0 listed as equivalent)" in text
+    assert "score over mutants that change behaviour: 40.0%" in text
+    assert "NEW SURVIVOR hooks.rules.a.x_f__mutmut_5" in text and code == 1
+
+
 def test_a_renumbered_survivor_is_still_recognised_by_its_content() -> None:
     """The same mutation under another number (the function gained a mutant before it) is the
     same listed equivalent; a number that now points at another mutation is news."""
