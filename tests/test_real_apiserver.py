@@ -136,14 +136,19 @@ def installed(kube: ControlPlane, hook_pki: dict[str, Path]) -> list[dict[str, A
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     kube.wait_established("gpuclasses.cozystack.io")  # helm does not wait for crds/ to be served
-    manifest = subprocess.run(
-        [helm(), "get", "manifest", RELEASE, "-n", NAMESPACE, "--kubeconfig", str(kube.kubeconfig)],
+    return helm_get("manifest", kube, RELEASE, NAMESPACE)
+
+
+def helm_get(what: str, kube: ControlPlane, release: str, namespace: str) -> list[dict[str, Any]]:
+    """`helm get manifest|hooks` of a release: the objects as helm rendered them."""
+    rendered = subprocess.run(
+        [helm(), "get", what, release, "-n", namespace, "--kubeconfig", str(kube.kubeconfig)],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     ).stdout
-    return [document for document in yaml.safe_load_all(manifest) if document]
+    return [document for document in yaml.safe_load_all(rendered) if document]
 
 
 def test_helm_install_every_object_stored_as_written(
@@ -616,14 +621,7 @@ def test_the_helm_test_pod_is_accepted_as_written(
 ) -> None:
     """helm keeps test hooks out of the install; `helm test` creates the Pod (no kubelet runs it
     here: tests/test_helm_test.py runs its command against the live service)."""
-    hooks = subprocess.run(
-        [helm(), "get", "hooks", RELEASE, "-n", NAMESPACE, "--kubeconfig", str(kube.kubeconfig)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    [pod] = [d for d in yaml.safe_load_all(hooks) if d and d["kind"] == "Pod"]
+    [pod] = [d for d in helm_get("hooks", kube, RELEASE, NAMESPACE) if d["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     located = {**pod, "metadata": {"namespace": NAMESPACE, **pod["metadata"]}}
     created = kube.request("POST", collection_path(located) + "?dryRun=All", located)
@@ -666,14 +664,7 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
     base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
 
     def webhooks() -> list[dict[str, Any]]:
-        manifest = subprocess.run(
-            [helm(), "get", "manifest", release, *base],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-        documents = [d for d in yaml.safe_load_all(manifest) if d]
+        documents = helm_get("manifest", kube, release, namespace)
         return [
             hook["webhook"]
             for d in documents
