@@ -7,7 +7,10 @@ weigh hundreds of megabytes, and keep it until the request ends).
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import socket
 import threading
 import time
@@ -69,6 +72,65 @@ def declared_length(max_bytes: int) -> Response | None:
     return None
 
 
+class Alarms:
+    """Actions run at their time by one thread of the process, started when first needed.
+
+    Every call with a body sets an alarm that almost never goes off. A timer thread each would
+    cost every call, small ones included, a thread start and the handoffs of the interpreter lock
+    that come with it, while other threads hold it.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # the thread is the parent's
+
+    def _reset(self) -> None:
+        # Entries are [time, order, action]; a cancelled or spent one has action None.
+        self._due: list[list[Any]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def set(self, seconds: float, action: Callable[[], None]) -> Callable[[], None]:
+        """Run `action` in `seconds`; returns the alarm's cancel. Once cancel returns, the action
+        has either finished or will never run (actions run under the lock, so keep them short)."""
+        alarm: list[Any] = [time.monotonic() + seconds, next(self._order), action]
+        with self._changed:
+            heapq.heappush(self._due, alarm)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._ring, name="alarms", daemon=True)
+                self._thread.start()
+            if self._due[0] is alarm:
+                self._changed.notify()
+
+        def cancel() -> None:
+            with self._changed:
+                alarm[2] = None
+
+        return cancel
+
+    def _ring(self) -> None:
+        with self._changed:
+            while True:
+                while self._due and self._due[0][2] is None:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._changed.wait()
+                    continue
+                left = self._due[0][0] - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                alarm = heapq.heappop(self._due)
+                action, alarm[2] = alarm[2], None
+                try:
+                    action()
+                except Exception:  # one failing action must not stop the others' alarms
+                    log(logging.ERROR, "alarm failed", traceback=traceback.format_exc())
+
+
+ALARMS = Alarms()
+
 # How long after its deadline a body that still trickles in is cut off (one that stopped arriving
 # times out on the socket at the deadline itself).
 CUT_AFTER_SECONDS = 1.0
@@ -91,9 +153,7 @@ class _Deadline:
         if self._socket is not None:
             self._previous_timeout = self._socket.gettimeout()
             self._socket.settimeout(seconds)
-        self._timer = threading.Timer(seconds + CUT_AFTER_SECONDS, self.cut)
-        self._timer.daemon = True
-        self._timer.start()
+        self._cancel_cut = ALARMS.set(seconds + CUT_AFTER_SECONDS, self.cut)
 
     def cut(self) -> None:
         """The body is out of time: shut the connection's read side."""
@@ -104,7 +164,7 @@ class _Deadline:
                 socket.socket.shutdown(self._socket, socket.SHUT_RD)
 
     def cancel(self) -> None:
-        self._timer.cancel()
+        self._cancel_cut()
         if self._socket is not None and not self.expired.is_set():
             with suppress(OSError):
                 self._socket.settimeout(self._previous_timeout)
