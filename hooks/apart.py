@@ -98,7 +98,7 @@ def compute(
     hook: Hook,
     inputs: Inputs,
     kubevirt: Callable[[], KubeVirtView],
-    chunks: Iterator[bytes],
+    chunks: Iterator[bytes | memoryview],
     length: int,
     deadline_seconds: float,
 ) -> Answer:
@@ -156,7 +156,7 @@ def compute(
     raise FailedElsewhere(ended[1], ended[2])
 
 
-def _shared_body(chunks: Iterator[bytes]) -> int:
+def _shared_body(chunks: Iterator[bytes | memoryview]) -> int:
     """A memory file holding the body read from `chunks`; its descriptor. Written with write(2),
     which copies twice as fast as a mapping would and lets go of the interpreter lock."""
     body = os.memfd_create("hook-body", os.MFD_CLOEXEC)

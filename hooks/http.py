@@ -35,9 +35,10 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # How many skipped objects one warning names; the count says how many there were.
 SKIPPED_NAMED = 20
-# Pieces a body computed in another process is read in: gunicorn's own largest read, large enough
-# that the per-piece cost vanishes, small enough that copying one holds the interpreter lock for
-# a fraction of a millisecond (small calls answered meanwhile wait for it).
+# Pieces a body is read in: large enough that the per-piece cost vanishes, small enough that the
+# buffer a call reads them into costs little, and that copying one (a body read through a WSGI
+# stream) holds the interpreter lock for a fraction of a millisecond (small calls answered
+# meanwhile wait for it).
 CHUNK_BYTES = 1024 * 1024
 
 
@@ -176,16 +177,66 @@ class _Deadline:
         )
 
 
-def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes]:
-    """The declared body in pieces, read under its deadline (408 past it); a client gone before
-    the end raises ClientDisconnected."""
-    stream = request.environ["wsgi.input"]
+class _ConnectionBody:
+    """A body read straight from gunicorn's connection: first what gunicorn read past the headers,
+    then the socket, into one buffer used again for each piece.
+
+    Read through gunicorn's stream, every byte is copied several times by its buffers, each copy
+    holding the interpreter lock: ten large bodies arriving at once made the small calls served
+    meanwhile wait for it. gunicorn's own count of the unread body is kept in step with every
+    piece, so that it drains exactly what is left before the next request on the connection (or
+    closes it), whichever way the reading ends.
+    """
+
+    def __init__(self, connection: socket.socket, stream: Any, length: int) -> None:
+        self._socket = connection
+        self._unread = stream.reader  # gunicorn's LengthReader: `length` is what it has not read
+        buffered: bytes = stream.reader.unreader.take_buffered()
+        if len(buffered) > length:  # the next request, sent without waiting for this answer
+            stream.reader.unreader.unread(buffered[length:])
+        self._head = buffered[:length]
+        self._buffer = memoryview(bytearray(min(length, CHUNK_BYTES)))
+
+    @classmethod
+    def of(cls, length: int) -> _ConnectionBody | None:
+        """The request's body read from its connection, when gunicorn serves it and has given
+        none of the body to the application yet (its reader still has all of it to read); None
+        otherwise (Flask's test client, another server): then the WSGI stream is read."""
+        stream = request.environ["wsgi.input"]
+        connection = request.environ.get("gunicorn.socket")
+        reader = getattr(stream, "reader", None)
+        unreader = getattr(reader, "unreader", None)
+        if (
+            connection is None
+            or getattr(reader, "length", None) != length
+            or not callable(getattr(unreader, "take_buffered", None))
+            or not callable(getattr(unreader, "unread", None))
+        ):
+            return None
+        return cls(connection, stream, length)
+
+    def read(self, size: int) -> bytes | memoryview:
+        if self._head:
+            piece: bytes | memoryview = self._head[:size]
+            self._head = self._head[size:]
+        else:
+            piece = self._buffer[: self._socket.recv_into(self._buffer, min(size, CHUNK_BYTES))]
+        self._unread.length -= len(piece)
+        return piece
+
+
+def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes | memoryview]:
+    """The declared body in pieces, each valid until the next is asked for (a piece read from the
+    connection is a view of a buffer that the next read fills again), read under its deadline
+    (408 past it); a client gone before the end raises ClientDisconnected."""
+    source = _ConnectionBody.of(length)
+    read = source.read if source is not None else request.environ["wsgi.input"].read
     deadline = _Deadline(deadline_seconds)
     left = length
     try:
         while left:
             try:
-                chunk = stream.read(min(left, CHUNK_BYTES))
+                chunk = read(min(left, CHUNK_BYTES))
             except TimeoutError:  # nothing arrived for the whole deadline
                 # Shut its read side too: TLS can still carry the 408 (the read ended cleanly),
                 # and nothing that reads on (gunicorn draining the body) can wait for it again.
@@ -209,7 +260,9 @@ def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes]:
 def read_body(length: int, deadline_seconds: float) -> bytes:
     """The declared body, once, as bytes (its pieces joined once: Werkzeug's `get_data` copies
     again at the end, which on a large request costs more than decoding it)."""
-    return b"".join(body_chunks(length, deadline_seconds)) if length else b""
+    if not length:
+        return b""
+    return b"".join([bytes(piece) for piece in body_chunks(length, deadline_seconds)])
 
 
 def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Response:
