@@ -327,6 +327,20 @@ def test_children_run_below_the_serving_process(settings: Settings) -> None:
     assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS
 
 
+def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_normal(
+    settings: Settings,
+) -> None:
+    policies: list[int] = []
+
+    def noting_the_policy() -> Iterator[bytes]:
+        policies.append(os.sched_getscheduler(0))
+        yield b"{}"
+
+    apart.compute(hook_of(digest), inputs(settings), no_view, noting_the_policy(), 2, 30.0)
+    assert policies == [os.SCHED_BATCH]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
 def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None:
     """The fork server preloads `hooks.apart`, and every child starts from what it imported: a
     web framework, the metrics or an HTTP client there is memory every large call pays for."""
