@@ -20,20 +20,24 @@ token (a partitioned Metacontroller: half declare 1 MB, half 50 MB, send a littl
 nothing) together with ten concurrent M-sized syncs, retried after Retry-After as Metacontroller
 does: the latency of /healthz and /readyz (health port) and of small customize calls, that every
 M sync is answered 200 once the stalled clients' deadline passed, and the whole process tree's
-peak memory.
+peak memory; and, for scale, the p99 of a round trip to a bare loopback echo process under the
+same load (what any call on the machine waits for before the service does anything).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,6 +189,38 @@ def synced_until_200(url: str, body: bytes, deadline: float) -> tuple[int, int]:
         time.sleep(wait)
 
 
+def echo_forever(listening: socket.socket) -> None:
+    """Echo each byte back, on the first connection: the machine's own round trip, for scale."""
+    connection, _ = listening.accept()
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while data := connection.recv(64):
+        connection.sendall(data)
+
+
+@contextmanager
+def echo_round_trip() -> Iterator[Callable[[], float]]:
+    """A process that echoes bytes on loopback, and a function timing one round trip to it:
+    what any call on this machine waits for, under the same load, before the service does
+    anything."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    echo = multiprocessing.get_context("fork").Process(
+        target=echo_forever, args=(listening,), daemon=True
+    )
+    echo.start()
+    with socket.create_connection(listening.getsockname()) as connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        listening.close()
+
+        def timed() -> float:
+            started = time.perf_counter()
+            connection.sendall(b"x")
+            connection.recv(64)
+            return 1000 * (time.perf_counter() - started)
+
+        yield timed
+    echo.join(timeout=5)
+
+
 def timed_get(url: str) -> float:
     started = time.perf_counter()
     requests.get(url, timeout=10).raise_for_status()
@@ -199,9 +235,10 @@ def slow_clients(api: str, size: str) -> int:
         tokens = Path(tmp, "tokens")
         tokens.write_text(TOKEN + "\n")
         settings = {**BUDGET_ON, "GPUCLASS_AUTH_TOKEN_FILE": str(tokens)}
-        with serve(api, threads=64, settings=settings) as server:
+        with serve(api, threads=64, settings=settings) as server, echo_round_trip() as echo:
             small = f"{server.url}/status/customize"
             unloaded = [timed_post(small, customize) for _ in range(SAMPLES)]
+            echoes_unloaded = [echo() for _ in range(SAMPLES)]
             probes_unloaded = [timed_get(f"{server.health}/readyz") for _ in range(SAMPLES)]
             opened: list[socket.socket] = []
             results: list[tuple[int, int]] = []
@@ -222,10 +259,12 @@ def slow_clients(api: str, size: str) -> int:
                     thread.start()
                 probes: list[float] = []
                 loaded: list[float] = []
+                echoes: list[float] = []
                 while any(thread.is_alive() for thread in syncs):
                     probes.append(timed_get(f"{server.health}/healthz"))
                     probes.append(timed_get(f"{server.health}/readyz"))
                     loaded.append(timed_post(small, customize))
+                    echoes.append(echo())
                     time.sleep(0.05)
                 wall = time.monotonic() - started
             for connection in opened:
@@ -246,6 +285,10 @@ def slow_clients(api: str, size: str) -> int:
     print(
         f"  customize: p99 {p99(loaded):.1f} ms (unloaded {p99(unloaded):.1f} ms), "
         f"median {median(loaded):.1f} ms (unloaded {median(unloaded):.1f} ms)"
+    )
+    print(
+        f"  for scale, a loopback round trip to a bare echo process: p99 {p99(echoes):.1f} ms "
+        f"(unloaded {p99(echoes_unloaded):.1f} ms)"
     )
     codes = [code for code, _ in results]
     print(

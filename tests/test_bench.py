@@ -8,6 +8,7 @@ import msgspec
 
 from bench.cluster import GPU_RESOURCES, generate, license_sync_body, status_sync_body
 from bench.common import free_units
+from bench.load import echo_round_trip
 from bench.run import KUBEVIRT, decode_floor, in_process
 from hooks.controllers import license
 from hooks.rules.permitted_devices import KubeVirtFound
@@ -64,3 +65,9 @@ def test_license_request_of_the_benchmark() -> None:
     cluster = generate("S")
     outcome = license.sync(decode_decorator_sync(license_sync_body(cluster)), Settings())
     assert len(json.loads(encode(outcome.response))["attachments"]) == 20
+
+
+def test_the_echo_the_slow_client_benchmark_reports_for_scale_answers_every_round_trip() -> None:
+    with echo_round_trip() as round_trip:
+        times = [round_trip() for _ in range(20)]
+    assert all(0 < ms < 1000 for ms in times)
