@@ -4,16 +4,22 @@ the hooks' own answers for the same objects."""
 from __future__ import annotations
 
 import base64
+import io
 import json
+import os
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
+from hooks import cli
 from hooks import plan as planner
 from hooks.app import create_app
 from hooks.rules.selectors import RuleError
@@ -26,15 +32,42 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 TOKEN = base64.b64decode("RVhBTVBMRS1OT1QtQS1SRUFMLVRPS0VOCg==")
 
 
-def run_plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hooks.cli", "plan", *args],
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_plan(*args: str, env: dict[str, str] | None = None) -> Ran:
+    """`gpuclass-hooks plan` run in this process (so that a mutant of the planner is seen by the
+    test), in an environment with no GPUCLASS_ setting but those of `env`."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("GPUCLASS_")}
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        mock.patch.dict(os.environ, {**clean, **(env or {})}, clear=True),
+        redirect_stdout(out),
+        redirect_stderr(err),
+    ):
+        try:
+            code = cli.main(["plan", *args])
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 2
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def test_plan_runs_as_a_command_of_its_own() -> None:
+    # The tests above call the planner in this process; this is the installed entry point.
+    result = subprocess.run(
+        [sys.executable, "-m", "hooks.cli", "plan", str(CLUSTER), "-o", "json"],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        env={"PATH": "/usr/bin:/bin"},
     )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(run_plan(str(CLUSTER), "-o", "json").stdout)
 
 
 def inventory() -> planner.Inventory:
