@@ -1,0 +1,181 @@
+"""`gpuclass-hooks check` (`hooks.check`), run in this process against the hooks served over
+HTTPS from a thread (werkzeug's server, the app as `serve` builds it), and against a server that
+answers what the real one never does. The chart's helm test Pod running it is tested in
+test_helm_test.py."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from werkzeug.serving import make_server
+
+from hooks.app import create_app
+from hooks.check import CUSTOMIZE_PATH, Target, check
+from hooks.settings import Settings
+
+TOKEN = "check-token-never-printed"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("metacontroller")
+    files = {name: folder / name for name in ("ca", "cert", "key", "client.crt", "client.key")}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    client.cert_chain_pems[0].write_to_path(str(files["client.crt"]))
+    client.private_key_pem.write_to_path(str(files["client.key"]))
+    return files
+
+
+@contextmanager
+def hooks_served(
+    settings: Settings, pki: dict[str, Path], *, client_ca: bool = False
+) -> Iterator[str]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki["cert"]), str(pki["key"]))
+    if client_ca:
+        context.load_verify_locations(str(pki["ca"]))
+        context.verify_mode = ssl.CERT_REQUIRED
+    server = make_server("127.0.0.1", 0, create_app(settings), threaded=True, ssl_context=context)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.port}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def with_token(settings: Settings, tmp_path: Path, accepted: str = TOKEN) -> Settings:
+    tokens = tmp_path / "accepted"
+    tokens.write_text(accepted + "\n")
+    return settings.model_copy(update={"auth_token_file": tokens})
+
+
+def token_file(tmp_path: Path, token: str = TOKEN) -> Path:
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    return path
+
+
+def test_check_passes_against_hooks_that_want_the_token(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    with hooks_served(with_token(settings, tmp_path), pki) as url:
+        assert check(Target(url, pki["ca"], token_file(tmp_path))) == []
+
+
+def test_check_without_a_token_file_makes_only_the_call_with_no_token(
+    settings: Settings, pki: dict[str, Path]
+) -> None:
+    with hooks_served(settings, pki) as url:
+        assert check(Target(url, pki["ca"])) == []
+
+
+def test_check_reports_a_token_the_hooks_refuse_and_never_prints_it(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    with hooks_served(with_token(settings, tmp_path, accepted="another"), pki) as url:
+        problems = check(Target(url, pki["ca"], token_file(tmp_path)))
+    assert problems == [f"{CUSTOMIZE_PATH} with the token: HTTP 401, expected 200"]
+
+
+def test_check_reports_hooks_that_answer_without_the_token(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    with hooks_served(settings, pki) as url:
+        problems = check(Target(url, pki["ca"], token_file(tmp_path)))
+    assert problems == [f"{CUSTOMIZE_PATH} without a token: HTTP 200, expected 401"]
+
+
+def test_check_presents_the_client_certificate_when_given_one(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    with hooks_served(with_token(settings, tmp_path), pki, client_ca=True) as url:
+        token = token_file(tmp_path)
+        presented = check(Target(url, pki["ca"], token, pki["client.crt"], pki["client.key"]))
+        missing = check(Target(url, pki["ca"], token))
+    assert presented == []
+    assert len(missing) == 1
+    assert missing[0].startswith(f"{CUSTOMIZE_PATH}: ")
+
+
+def test_check_refuses_a_certificate_its_ca_did_not_sign(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    other_ca = tmp_path / "other-ca"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    with hooks_served(settings, pki) as url:
+        problems = check(Target(url, other_ca))
+    assert len(problems) == 1
+    assert "SSLCertVerificationError" in problems[0]
+
+
+# What a plain server answers a POST: its status and body, from the request's headers and body.
+Respond = Callable[[Message, bytes], tuple[int, bytes]]
+
+
+@contextmanager
+def plain_server(respond: Respond) -> Iterator[str]:
+    """A plain HTTP server answering every POST with `respond`: for what the hooks never do."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            status, body = respond(
+                self.headers, self.rfile.read(int(self.headers["Content-Length"]))
+            )
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def test_check_reports_an_answer_without_related_resources() -> None:
+    with plain_server(lambda *_: (200, b'{"relatedResources_": []}')) as url:
+        assert check(Target(url)) == [f"{CUSTOMIZE_PATH}: the answer has no relatedResources"]
+
+
+def test_check_reports_an_answer_that_is_not_json_in_one_line() -> None:
+    with plain_server(lambda *_: (200, b"<html>")) as url:
+        problems = check(Target(url))
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{CUSTOMIZE_PATH}: JSONDecodeError: ")
+
+
+def test_check_sends_the_customize_request_metacontroller_would(tmp_path: Path) -> None:
+    seen: list[tuple[str | None, dict[str, Any]]] = []
+
+    def respond(headers: Message, body: bytes) -> tuple[int, bytes]:
+        seen.append((headers.get("Authorization"), json.loads(body)))
+        return (200 if headers.get("Authorization") else 401), b'{"relatedResources": []}'
+
+    with plain_server(respond) as url:
+        assert check(Target(url, token_file=token_file(tmp_path))) == []
+    assert [authorization for authorization, _ in seen] == [f"Bearer {TOKEN}", None]
+    assert seen[0][1]["parent"]["kind"] == "GPUClass"
+    assert seen[0][1]["controller"]["kind"] == "CompositeController"
