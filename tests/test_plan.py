@@ -338,9 +338,67 @@ def test_a_malformed_object_exits_2_with_one_line_naming_it(
     result = run_plan(str(CLUSTER), str(path))
     assert (result.returncode, result.stdout) == (2, "")
     [line] = result.stderr.splitlines()
-    name = obj["metadata"]["name"]
-    assert line.startswith(f"plan: {path}: {kind} "), line
-    assert f"{name}: {field}" in line, line
+    metadata = obj["metadata"]
+    where = "/".join(filter(None, (metadata.get("namespace"), metadata["name"])))
+    assert line.startswith(f"plan: {path}: {kind} {where}: {field}"), line
+
+
+def test_a_malformed_item_of_a_list_is_named_with_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "list.yaml"
+    bad_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "t"}}
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {**bad_pod, "spec": []}
+    ]}))  # fmt: skip
+    with pytest.raises(planner.PlanInputError, match=f"^{path}: Pod t/p: spec"):
+        planner.load([path], Settings())
+
+
+def node_object(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def loaded(tmp_path: Path, *objects: dict[str, Any]) -> planner.Inventory:
+    path = tmp_path / "objects.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    return planner.load([path], Settings())
+
+
+def test_objects_of_other_kinds_are_counted_and_what_follows_them_is_read(
+    tmp_path: Path,
+) -> None:
+    inventory = loaded(
+        tmp_path,
+        node_object("first"),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "t"}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d", "namespace": "t"},
+        },
+        node_object("last"),
+    )
+    assert inventory.unknown == 2
+    assert [n["metadata"]["name"] for n in inventory.objects[("v1", "nodes")]] == ["first", "last"]
+
+
+def test_only_the_kubevirt_cr_named_in_the_settings_is_read_as_kubevirt(tmp_path: Path) -> None:
+    settings = Settings()
+    named = {"name": settings.kubevirt_name, "namespace": settings.kubevirt_namespace}
+    virtual_machine = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": named}
+    elsewhere = {"apiVersion": "example.com/v1", "kind": "KubeVirt", "metadata": named}
+    inventory = loaded(tmp_path, virtual_machine, elsewhere)
+    assert inventory.kubevirt is None
+    assert inventory.unknown == 2
+
+
+def test_a_list_is_read_by_its_kind_not_by_having_items(tmp_path: Path) -> None:
+    node_list = {"apiVersion": "v1", "kind": "NodeList", "items": [node_object("listed")]}
+    node_with_items = {**node_object("itself"), "items": [node_object("inside")]}
+    inventory = loaded(tmp_path, node_list, node_with_items)
+    assert [n["metadata"]["name"] for n in inventory.objects[("v1", "nodes")]] == [
+        "listed",
+        "itself",
+    ]
 
 
 def test_mixed_files_json_list_and_single_objects(tmp_path: Path) -> None:
