@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import socket
 import threading
@@ -55,6 +56,27 @@ CHILD_NICENESS = 10
 PRELOADED = (__name__,)
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(list(PRELOADED))
+
+
+def _own_fork_server() -> None:
+    """After a fork: this process starts a fork server of its own when it first needs one.
+
+    The parent's fork server is not this process's child, so multiprocessing could not tell
+    whether it still runs (its check waits for it as for a child, and fails), and this process
+    would keep it alive. gunicorn forks its workers before any starts one; a test runner that
+    forks a run of the suite after an earlier run started one (mutmut does, for each mutant) is
+    what needs this. It resets multiprocessing's own record of its fork server, which has no
+    public way to forget one.
+    """
+    server: Any = multiprocessing.forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        with suppress(OSError):
+            os.close(server._forkserver_alive_fd)  # this copy alone would keep it alive
+    server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+    server._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_own_fork_server)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -339,6 +340,26 @@ def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_norma
     apart.compute(hook_of(digest), inputs(settings), no_view, noting_the_policy(), 2, 30.0)
     assert policies == [os.SCHED_BATCH]
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_a_forked_process_computes_apart_with_a_fork_server_of_its_own(settings: Settings) -> None:
+    # A test runner may fork a run of the suite after an earlier run started the fork server
+    # (mutmut does, for each mutant): the parent's is not the child's to check or use.
+    apart.start()
+    parent_server = multiprocessing.forkserver._forkserver._forkserver_pid
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            answer = apart.compute(
+                hook_of(digest), inputs(settings), no_view, iter([b"{}"]), 2, 30.0
+            )
+            own_server = multiprocessing.forkserver._forkserver._forkserver_pid
+            os._exit(0 if answer.facts["length"] == 2 and own_server != parent_server else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert multiprocessing.forkserver._forkserver._forkserver_pid == parent_server
 
 
 def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None:
