@@ -272,6 +272,7 @@ def test_a_child_that_dies_is_a_500_saying_how(
 
 
 def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
+    apart.start()  # the half second is the child's, not the fork server's first start
     started = time.monotonic()
     with pytest.raises(FailedElsewhere) as failed:
         apart.compute(hook_of(hangs), inputs(settings), no_view, iter([b"{}"]), 2, 0.5)
