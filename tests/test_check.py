@@ -6,6 +6,7 @@ test_helm_test.py."""
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -168,14 +169,37 @@ def test_check_reports_an_answer_that_is_not_json_in_one_line() -> None:
 
 
 def test_check_sends_the_customize_request_metacontroller_would(tmp_path: Path) -> None:
-    seen: list[tuple[str | None, dict[str, Any]]] = []
+    seen: list[tuple[str | None, str | None, dict[str, Any]]] = []
 
     def respond(headers: Message, body: bytes) -> tuple[int, bytes]:
-        seen.append((headers.get("Authorization"), json.loads(body)))
+        seen.append((headers.get("Authorization"), headers.get("Content-Type"), json.loads(body)))
         return (200 if headers.get("Authorization") else 401), b'{"relatedResources": []}'
 
     with plain_server(respond) as url:
         assert check(Target(url, token_file=token_file(tmp_path))) == []
-    assert [authorization for authorization, _ in seen] == [f"Bearer {TOKEN}", None]
-    assert seen[0][1]["parent"]["kind"] == "GPUClass"
-    assert seen[0][1]["controller"]["kind"] == "CompositeController"
+    assert [authorization for authorization, _, _ in seen] == [f"Bearer {TOKEN}", None]
+    assert {content_type for _, content_type, _ in seen} == {"application/json"}
+    assert seen[0][2]["parent"]["kind"] == "GPUClass"
+    assert seen[0][2]["controller"]["kind"] == "CompositeController"
+
+
+def test_check_gives_up_on_a_service_that_never_answers_within_its_timeout() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        problems: list[list[str]] = []
+        checking = threading.Thread(
+            target=lambda: problems.append(check(Target(url, timeout_seconds=0.2))), daemon=True
+        )
+        checking.start()
+        checking.join(10)
+    assert not checking.is_alive(), "check waited past its timeout"
+    assert problems == [[f"{CUSTOMIZE_PATH}: TimeoutError: timed out"]]
+
+
+def test_check_without_a_ca_file_verifies_against_the_system_cas(
+    settings: Settings, pki: dict[str, Path]
+) -> None:
+    with hooks_served(settings, pki) as url:
+        problems = check(Target(url))
+    assert len(problems) == 1
+    assert "SSLCertVerificationError" in problems[0]
