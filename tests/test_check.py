@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import socketserver
 import ssl
 import threading
 from collections.abc import Callable, Iterator
@@ -51,10 +52,17 @@ def hooks_served(
         context.load_verify_locations(str(pki["ca"]))
         context.verify_mode = ssl.CERT_REQUIRED
     server = make_server("127.0.0.1", 0, create_app(settings), threaded=True, ssl_context=context)
+    with serving_forever(server):
+        yield f"https://127.0.0.1:{server.port}"
+
+
+@contextmanager
+def serving_forever(server: socketserver.BaseServer) -> Iterator[None]:
+    """The server answering from a thread of its own until the block ends."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"https://127.0.0.1:{server.port}"
+        yield
     finally:
         server.shutdown()
         thread.join()
@@ -147,13 +155,8 @@ def plain_server(respond: Respond) -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_forever(server):
         yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        thread.join()
 
 
 def test_check_reports_an_answer_without_related_resources() -> None:
