@@ -24,22 +24,14 @@ from werkzeug.serving import make_server
 from hooks.app import create_app
 from hooks.check import CUSTOMIZE_PATH, Target, check
 from hooks.settings import Settings
+from tests.pki import write_pki
 
 TOKEN = "check-token-never-printed"
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server, client = ca.issue_cert("127.0.0.1"), ca.issue_cert("metacontroller")
-    files = {name: folder / name for name in ("ca", "cert", "key", "client.crt", "client.key")}
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    server.cert_chain_pems[0].write_to_path(str(files["cert"]))
-    server.private_key_pem.write_to_path(str(files["key"]))
-    client.cert_chain_pems[0].write_to_path(str(files["client.crt"]))
-    client.private_key_pem.write_to_path(str(files["client.key"]))
-    return files
+    return write_pki(tmp_path_factory.mktemp("pki"))
 
 
 @contextmanager

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 
 from tests.chart import render
 from tests.live import live_server
+from tests.pki import write_pki
 
 # Renders the chart (helm) and starts the real server (gunicorn).
 pytestmark = [pytest.mark.tools, pytest.mark.live]
@@ -57,25 +57,18 @@ def run_pod_command(
 @pytest.fixture
 def secrets(tmp_path: Path) -> dict[str, Path]:
     """The Secret keys the chart's Pod mounts, as files: the token, the CA, a client certificate."""
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("metacontroller")
+    pki = write_pki(tmp_path)
     files = {
         "auth/token": tmp_path / "token",
-        "tls/ca.crt": tmp_path / "ca.crt",
-        "client/tls.crt": tmp_path / "client.crt",
-        "client/tls.key": tmp_path / "client.key",
-        "server.crt": tmp_path / "server.crt",
-        "server.key": tmp_path / "server.key",
+        "tls/ca.crt": pki["ca"],
+        "client/tls.crt": pki["client.crt"],
+        "client/tls.key": pki["client.key"],
+        "server.crt": pki["cert"],
+        "server.key": pki["key"],
         "accepted": tmp_path / "accepted-tokens",
     }
     files["auth/token"].write_text(TOKEN)
     files["accepted"].write_text(TOKEN + "\n")
-    ca.cert_pem.write_to_path(str(files["tls/ca.crt"]))
-    server.cert_chain_pems[0].write_to_path(str(files["server.crt"]))
-    server.private_key_pem.write_to_path(str(files["server.key"]))
-    client.cert_chain_pems[0].write_to_path(str(files["client/tls.crt"]))
-    client.private_key_pem.write_to_path(str(files["client/tls.key"]))
     return files
 
 
