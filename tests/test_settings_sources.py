@@ -100,3 +100,68 @@ def test_every_variable_the_docs_and_chart_name_is_a_setting() -> None:
         for variable in ENV_NAME.findall(path.read_text())
     }
     assert sorted(n for n in named if n[1] not in known) == []
+
+
+def schema_node(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The schema of the value at a dotted path; None inside an object that takes any keys."""
+    for part in path.split("."):
+        if schema.get("type") == "object" and "properties" not in schema:
+            return None
+        schema = schema["properties"][part]
+    return schema
+
+
+def service_bounds(name: str) -> dict[str, Any]:
+    """The bounds the service puts on a setting, as JSON Schema words (pydantic's own schema)."""
+    field = Settings.model_json_schema()["properties"][name]
+    bounds = dict(field)
+    for alternative in field.get("anyOf", []):
+        bounds.update(alternative)
+    return bounds
+
+
+def tightest(schema: dict[str, Any], inclusive: str, exclusive: str) -> tuple[float, bool] | None:
+    """A schema's bound on one side as (value, exclusive), None without one."""
+    if inclusive in schema:
+        return schema[inclusive], False
+    if exclusive in schema:
+        return schema[exclusive], True
+    return None
+
+
+def within(chart: tuple[float, bool] | None, service: tuple[float, bool], upper: bool) -> bool:
+    """Whether the chart's bound lets through nothing past the service's bound."""
+    if chart is None:
+        return False
+    (chart_value, chart_strict), (service_value, service_strict) = chart, service
+    if chart_value != service_value:
+        return chart_value < service_value if upper else chart_value > service_value
+    return chart_strict or not service_strict
+
+
+SIDES = [
+    ("minimum", "exclusiveMinimum", False),
+    ("maximum", "exclusiveMaximum", True),
+    ("minLength", "", False),
+    ("maxLength", "", True),
+]
+
+
+@pytest.mark.parametrize("name", chart_fields())
+def test_the_chart_lets_through_no_value_the_service_refuses_at_start(name: str) -> None:
+    """Every bound of a chart setting is in values.schema.json, as tight or tighter: a value
+    the service would refuse fails `helm install`, not the pod."""
+    path = declared(name, "chart")
+    assert path is not None
+    chart = schema_node(json.loads((CHART / "values.schema.json").read_text()), path)
+    if chart is None:  # resources.limits.memory: a Kubernetes quantity the API server checks
+        return
+    service = service_bounds(name)
+    for inclusive, exclusive, upper in SIDES:
+        bound = tightest(service, inclusive, exclusive)
+        if bound is not None:
+            assert within(tightest(chart, inclusive, exclusive), bound, upper), (
+                f"{path}: the chart has no {inclusive or exclusive} as tight as {bound}"
+            )
+    if "pattern" in service:
+        assert chart.get("pattern") == service["pattern"], f"{path}: pattern"
