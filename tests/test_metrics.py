@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -218,3 +220,61 @@ def test_disabled_exports_no_class_series(settings: Settings, clock: Clock) -> N
     off = create_app(settings.model_copy(update={"enabled": False}), metrics=metrics).test_client()
     off.post("/status/sync", json=cluster_request(gpuclass("a")))
     assert series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds") == {}
+
+
+FAMILIES = Path(__file__).with_name("metric-families.txt")
+
+
+def exported_families(metrics: Metrics) -> list[str]:
+    """Each family a scrape returns, one line: name, type, label names, histogram buckets, help."""
+    reply = metrics_routes(metrics, None)["/metrics"]({})
+    lines = []
+    for family in text_string_to_metric_families(reply.body.decode()):
+        if family.name.endswith("_created"):
+            continue  # prometheus-client's creation times, not ours
+        names = sorted({k for s in family.samples for k in s.labels} - {"le"})
+        buckets = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
+        buckets = list(dict.fromkeys(buckets))
+        shape = f" buckets={','.join(buckets)}" if buckets else ""
+        lines.append(
+            f"{family.name} {family.type} [{','.join(names)}]{shape}: {family.documentation}"
+        )
+    return lines
+
+
+def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written_for(
+    client: FlaskClient, metrics: Metrics
+) -> None:
+    """The families, their types, label names, buckets and help are the interface hosters'
+    dashboards and alerts read: a change to any of them is a change to tests/metric-families.txt,
+    made on purpose."""
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    request = license_sync_request(
+        licensed_class(), secrets=[source_secret()], namespaces=[namespace("a")]
+    )
+    client.post("/license/sync", json=request)
+    metrics.watch_threads(4, lambda: 0)
+    metrics.memory_wait.observe(0.2)
+    metrics.kubevirt_reads.labels(outcome="found").inc()
+    metrics.apart_calls.labels(outcome="answered").inc()
+    assert exported_families(metrics) == FAMILIES.read_text().splitlines()
+
+
+def test_the_documented_metrics_are_the_exported_ones(
+    client: FlaskClient, metrics: Metrics
+) -> None:
+    """docs/operating.md's table names every family with its labels."""
+    documented = {}
+    for line in (Path(__file__).parent.parent / "docs" / "operating.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| `cozystack_gpu_") and len(cells) == 3:
+            for name in re.findall(r"`([a-z_]+)`", cells[0]):
+                documented[name] = sorted(re.findall(r"`([a-z_]+)`", cells[1]))
+    exported = {}
+    for line in FAMILIES.read_text().splitlines():
+        name, kind, rest = line.split(" ", 2)
+        label_names = rest[1 : rest.index("]")]
+        exported[name + ("_total" if kind == "counter" else "")] = [
+            label for label in label_names.split(",") if label
+        ]
+    assert documented == exported
