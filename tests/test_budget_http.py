@@ -408,3 +408,103 @@ def test_declarations_are_never_cached_two_quick_siblings_cannot_share_a_budget(
     answer = review(cached, "/admit/tenant-gpu-keys", sibling("t"))
     assert answer["allowed"] is False
     assert "the pool of tenant p (tenant-p) can give 1" in answer["status"]["message"]
+
+
+def logged_calls(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """The fields of each call's log line, less its duration."""
+    calls = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+    return [{k: v for k, v in call.items() if k != "duration_ms"} for call in calls]
+
+
+def test_each_review_logs_one_line_with_its_verdict_and_what_it_read(
+    client: FlaskClient, apiserver: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    malformed = vm("tenant-a", "bad", GPU)
+    malformed["request"]["object"]["spec"]["gpus"] = "all of them"
+    objectless = vm("tenant-a", "none", GPU)
+    objectless["request"]["object"] = None
+    tenant = admission_review("Tenant", "tenant-c", "d", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    bodies = [
+        ("/admit/gpu-budget", vm("tenant-c", "ok", GPU)),
+        ("/admit/gpu-budget", vm("tenant-a", "big", GPU, GPU, GPU, GPU, GPU, operation="UPDATE")),
+        ("/admit/gpu-budget", malformed),
+        ("/admit/gpu-budget", objectless),
+        ("/admit/tenant-gpu-keys", tenant),
+    ]
+    with caplog.at_level(logging.INFO, logger=LOGGER.name):
+        for route, body in bodies:
+            review(client, route, body)
+    calls = logged_calls(caplog)
+    for call in calls:
+        assert call.pop("body_bytes") > 0
+    assert calls == [
+        {
+            "route": "/admit/gpu-budget",
+            "outcome": "allowed",
+            "allowed": True,
+            "kind": "VMInstance",
+            "namespace": "tenant-c",
+            "name": "ok",
+            "operation": "CREATE",
+            "read_inputs": True,
+            "code": 200,
+        },
+        {
+            "route": "/admit/gpu-budget",
+            "outcome": "denied",
+            "allowed": False,
+            "kind": "VMInstance",
+            "namespace": "tenant-a",
+            "name": "big",
+            "operation": "UPDATE",
+            "read_inputs": True,
+            "code": 200,
+        },
+        {
+            "route": "/admit/gpu-budget",
+            "outcome": "denied",
+            "allowed": False,
+            "kind": "VMInstance",
+            "namespace": "tenant-a",
+            "name": "bad",
+            "operation": "CREATE",
+            "read_inputs": True,
+            "code": 200,
+        },
+        {"route": "/admit/gpu-budget", "outcome": "denied", "allowed": False, "code": 200},
+        {
+            "route": "/admit/tenant-gpu-keys",
+            "outcome": "allowed",
+            "allowed": True,
+            "kind": "Tenant",
+            "namespace": "tenant-c",
+            "name": "d",
+            "operation": "CREATE",
+            "read_inputs": True,
+            "code": 200,
+        },
+    ]
+
+
+@pytest.mark.parametrize("route", ["/admit/gpu-budget", "/admit/tenant-gpu-keys"])
+def test_a_create_without_its_object_is_denied_saying_so_and_counted_nowhere(
+    settings: Settings, cluster: list[dict[str, Any]], route: str
+) -> None:
+    metrics = Metrics(180.0)
+    client = create_app(settings, metrics=metrics).test_client()
+    kind = "Tenant" if route.endswith("keys") else "VMInstance"
+    body = admission_review(kind, "tenant-a", "x", {}, uid="0b6f4d1e-0000-4000-8000-000000000001")
+    body["request"]["object"] = None
+    answer = review(client, route, body)
+    assert answer == {
+        "uid": "0b6f4d1e-0000-4000-8000-000000000001",
+        "allowed": False,
+        "status": {"code": 403, "message": "AdmissionReview request has no object"},
+    }
+    counted = [
+        sample.value
+        for family in text_string_to_metric_families(metrics.exposition()[0].decode())
+        for sample in family.samples
+        if sample.name == "cozystack_gpu_budget_reviews_total"
+    ]
+    assert counted == [0, 0, 0]

@@ -5,15 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hooks.app import create_app
-from hooks.logs import LOGGER, JsonFormatter
+from hooks.logs import LOGGER, JsonFormatter, configure, log
 from hooks.memory import MemoryBudget
 from hooks.settings import Settings
 from tests.builders import (
+    example_of,
     license_sync_request,
     licensed_class,
     namespace,
@@ -124,3 +126,92 @@ def test_every_refusal_writes_one_line_with_its_route_code_and_reason(
         "send Content-Length: hook bodies are read by their length",
         "the service is at its memory budget: retry later",
     ]
+
+
+def test_a_line_is_compact_json_with_time_level_event_then_the_fields() -> None:
+    record = logging.LogRecord("gpuclass_hooks", logging.WARNING, __file__, 1, "skipped", (), None)
+    record.created = 1_800_000_000.25
+    record.fields = {"route": "/status/sync", "path": Path("/a b"), "count": 2}  # type: ignore[attr-defined]
+    assert JsonFormatter().format(record) == (
+        '{"time":"2027-01-15T08:00:00.250+00:00","level":"warning","event":"skipped",'
+        '"route":"/status/sync","path":"/a b","count":2}'
+    )
+
+
+def test_a_line_without_fields_has_time_level_and_event() -> None:
+    record = logging.LogRecord("gpuclass_hooks", logging.INFO, __file__, 1, "listening", (), None)
+    record.created = 0.0
+    assert json.loads(JsonFormatter().format(record)) == {
+        "time": "1970-01-01T00:00:00.000+00:00",
+        "level": "info",
+        "event": "listening",
+    }
+
+
+@pytest.fixture
+def pristine_logger() -> Iterator[None]:
+    """The service's logger as it was, after a test that configures it."""
+    handlers, level, propagate = list(LOGGER.handlers), LOGGER.level, LOGGER.propagate
+    LOGGER.handlers.clear()
+    yield
+    LOGGER.handlers[:] = handlers
+    LOGGER.setLevel(level)
+    LOGGER.propagate = propagate
+
+
+def test_configure_sends_json_lines_to_stderr_once(
+    pristine_logger: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configure("WARNING")
+    configure("DEBUG")  # a second call changes nothing
+    assert len(LOGGER.handlers) == 1
+    assert LOGGER.level == logging.WARNING
+    assert LOGGER.propagate is False
+    log(logging.INFO, "not shown")
+    log(logging.WARNING, "shown", n=1)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.splitlines()
+    assert {k: v for k, v in json.loads(line).items() if k != "time"} == {
+        "level": "warning",
+        "event": "shown",
+        "n": 1,
+    }
+
+
+def test_configure_logs_at_info_by_default(pristine_logger: None) -> None:
+    configure()
+    assert LOGGER.level == logging.INFO
+
+
+EXAMPLE_LINES = {
+    "/status/customize": {"outcome": "ok", "rules": 3},
+    "/status/sync": {
+        "class": "l40s-24q",
+        "outcome": "kubevirt_unreadable",
+        "nodes": 5,
+        "eligible_nodes": 1,
+        "counted_pods": 2,
+    },
+    "/license/customize": {"outcome": "ok", "rules": 3},
+    "/license/sync": {
+        "class": "l40s-24q",
+        "outcome": "ok",
+        "copies": 2,
+        "new_copies": 2,
+        "conflicts": 1,
+    },
+}
+
+
+@pytest.mark.parametrize("route", sorted(EXAMPLE_LINES))
+def test_each_hook_call_logs_exactly_its_facts(
+    route: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
+    body = example_of(route)
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        assert create_app(settings).test_client().post(route, data=body).status_code == 200
+    [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+    assert call.pop("duration_ms") >= 0
+    assert call == {"route": route, **EXAMPLE_LINES[route], "body_bytes": len(body), "code": 200}

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings
 
 from hooks.settings import (
     Settings,
@@ -298,3 +299,26 @@ def test_the_readme_table_is_replaced_between_its_markers_only() -> None:
         "before\n<!-- settings table: make settings-table -->\n"
         f"{settings_table()}<!-- end of settings table -->\nafter\n"
     )
+
+
+def test_a_setting_carries_its_default_meaning_places_and_bounds() -> None:
+    class Declared(BaseSettings):
+        limit: int = setting(5, "how many", chart="a.limit", shown="`5` (five)", ge=1)
+        reason: str = setting("d", "a letter", not_in_chart="nothing to tune")
+
+    limit, reason = Declared.model_fields["limit"], Declared.model_fields["reason"]
+    assert (limit.default, limit.description) == (5, "how many")
+    assert limit.json_schema_extra == {
+        "chart": "a.limit",
+        "not_in_chart": None,
+        "shown": "`5` (five)",
+    }
+    assert (reason.default, reason.description) == ("d", "a letter")
+    assert reason.json_schema_extra == {
+        "chart": None,
+        "not_in_chart": "nothing to tune",
+        "shown": None,
+    }
+    assert Declared(limit=1).limit == 1
+    with pytest.raises(ValidationError):
+        Declared(limit=0)
