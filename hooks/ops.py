@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import sys
 import threading
+import traceback
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -95,6 +96,23 @@ class _Server(ThreadingHTTPServer):
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed: a client gone or a handshake that failed (plain HTTP to
+        the TLS port, a port scan) is nothing to answer or report; anything else is one log
+        line, by type and frames as for the hooks, instead of socketserver's traceback on
+        stderr."""
+        error = sys.exc_info()[1]
+        if error is None or isinstance(error, OSError):
+            return
+        frames = traceback.format_tb(error.__traceback__)[-3:]
+        log(
+            logging.ERROR,
+            "unexpected error",
+            route="listener",
+            error=type(error).__name__,
+            frames=frames,
+        )
+
 
 def _handler(routes: dict[str, Route], tls: ssl.SSLContext | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
@@ -119,11 +137,6 @@ def _handler(routes: dict[str, Route], tls: ssl.SSLContext | None) -> type[BaseH
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # probes and scrapes are counted, not logged
-
-        def handle(self) -> None:
-            # A client gone, or a handshake that failed: nothing to answer.
-            with suppress(OSError, ssl.SSLError):
-                super().handle()
 
     return Handler
 

@@ -79,7 +79,18 @@ def test_a_failing_action_does_not_stop_the_alarms_after_it(
     alarms.set(SOON / 2, fail)
     alarms.set(SOON, rung.set)
     assert rung.wait(5)
-    assert "alarm failed" in caplog.text
+    [failed] = [r for r in caplog.records if r.getMessage() == "alarm failed"]
+    assert "RuntimeError: broken action" in failed.fields["traceback"]  # type: ignore[attr-defined]
+
+
+def test_alarms_set_after_every_earlier_one_rang_still_ring() -> None:
+    """The thread waits for new alarms when none is due, and wakes for each."""
+    alarms = Alarms()
+    for _ in range(3):
+        rung = threading.Event()
+        alarms.set(SOON, rung.set)
+        assert rung.wait(5)
+        time.sleep(SOON)  # the thread back to waiting with nothing due
 
 
 def test_a_forked_child_rings_its_own_alarms() -> None:

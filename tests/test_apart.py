@@ -52,6 +52,10 @@ def dies(service: Service, body: bytes) -> Answer:
     raise AssertionError("unreachable")
 
 
+def exits(service: Service, body: bytes) -> Answer:
+    os._exit(3)
+
+
 def hangs(service: Service, body: bytes) -> Answer:
     time.sleep(60)
     raise AssertionError("unreachable")
@@ -269,6 +273,14 @@ def test_a_child_that_dies_is_a_500_saying_how(
     assert (response.status_code, response.json) == (500, {"error": "internal error"})
     assert error["error"] == "ChildDied"
     assert "killed by signal 9" in error["frames"][0]
+
+
+def test_a_child_that_exits_is_a_500_saying_with_which_code(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    response, error = failed_call(settings, exits, caplog)
+    assert (response.status_code, error["error"]) == (500, "ChildDied")
+    assert error["frames"] == ["the process computing /status/sync ended (exit code 3)"]
 
 
 def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:

@@ -11,6 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from hooks.app import create_app
+from hooks.auth import TokenFile
 from hooks.routes import HOOKS
 from hooks.settings import Settings
 from tests.builders import example_of, gpuclass, status_sync_request
@@ -163,3 +164,36 @@ def test_a_chunked_body_gets_411_on_every_hook_route_unread(settings: Settings, 
     assert response.status_code == 411
     assert response.json == {"error": "send Content-Length: hook bodies are read by their length"}
     assert stream.tell() == 0
+
+
+def test_the_token_file_is_read_again_only_when_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every call checks the file's identity, size and time; only a change costs a read."""
+    path = tmp_path / "tokens"
+    path.write_text("first\n")
+    reads: list[Path] = []
+    read_bytes = Path.read_bytes
+
+    def counted(self: Path) -> bytes:
+        reads.append(self)
+        return read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    tokens = TokenFile(path)
+    assert all(tokens.accepts("Bearer first") for _ in range(5))
+    assert len(reads) == 1
+    path.write_text("second-token\n")
+    assert tokens.accepts("Bearer second-token") and not tokens.accepts("Bearer first")
+    assert len(reads) == 2
+
+
+def test_a_token_is_everything_after_the_scheme_and_its_space(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("two words\n")
+    tokens = TokenFile(path)
+    assert tokens.accepts("Bearer two words")
+    assert tokens.accepts("Bearer   two words ")  # trimmed, as Metacontroller trims it
+    assert not tokens.accepts("Bearer two")
+    assert not tokens.accepts("Basic two words")
+    assert not tokens.accepts("Bearertwo words")

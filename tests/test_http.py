@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
 
+from hooks import http
 from hooks.app import create_app
 from hooks.settings import Settings
 from tests.builders import gpuclass, node, pod, status_sync_request
@@ -185,3 +188,46 @@ def test_one_log_line_per_hook_call(client: FlaskClient, caplog: pytest.LogCaptu
     assert first["outcome"] == "ok"
     assert first["body_bytes"] > 0
     assert {"duration_ms", "eligible_nodes", "counted_pods"} <= set(first)
+
+
+class Trickle:
+    """A body that arrives too late: each read waits, then gives a byte."""
+
+    def __init__(self, wait_seconds: float) -> None:
+        self.wait_seconds = wait_seconds
+
+    def read(self, size: int = -1) -> bytes:
+        time.sleep(self.wait_seconds)
+        return b"{"
+
+
+@pytest.mark.parametrize("connection", [False, True], ids=["no-socket", "socket"])
+def test_a_body_past_its_deadline_is_a_408_naming_the_settings(
+    settings: Settings, caplog: pytest.LogCaptureFixture, connection: bool
+) -> None:
+    """The read side of the connection is shut when the body is out of time (a socket that
+    cannot be shut is no error), and the caller is told what to raise."""
+    fast = settings.model_copy(update={"body_timeout_seconds": 0.2})
+    client = create_app(fast).test_client()
+    environ: dict[str, Any] = {
+        "wsgi.input": Trickle(0.2 + http.CUT_AFTER_SECONDS + 0.3),
+        "CONTENT_LENGTH": "100",
+    }
+    if connection:
+        environ["gunicorn.socket"] = socket.socket()  # never connected: shutting it fails
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        response = client.post("/status/sync", environ_overrides=environ)
+    if connection:
+        environ["gunicorn.socket"].close()
+    assert response.status_code == 408, response.json
+    assert response.json == {
+        "error": f"the request body did not arrive within {fast.body_deadline_seconds(100):g} s "
+        "(GPUCLASS_BODY_TIMEOUT_SECONDS, GPUCLASS_BODY_MIN_BYTES_PER_SECOND)"
+    }
+    assert "alarm failed" not in caplog.text
+
+
+def test_an_http_error_without_a_description_answers_its_name(client: FlaskClient) -> None:
+    response = client.put("/status/sync")
+    assert response.status_code == 405
+    assert response.json == {"error": "The method is not allowed for the requested URL."}

@@ -3,6 +3,7 @@ the probes, the hooks' TLS for the metrics, the token when metrics require it.""
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import time
@@ -153,3 +154,139 @@ def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
     context = ops.server_tls(Settings(tls_cert_file=chain, tls_key_file=key))
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode == ssl.CERT_NONE  # no client certificate asked of scrapers
+
+
+def tls_settings(tmp_path: Path) -> tuple[Settings, Path]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    chain, key, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    cert.cert_chain_pems[0].write_to_path(str(chain))
+    cert.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return Settings(tls_cert_file=chain, tls_key_file=key), ca_file
+
+
+def test_every_answer_is_json_with_its_exact_body_and_length(
+    plain: tuple[str, str], state: ops.ServiceState, tmp_path: Path, metrics: Metrics
+) -> None:
+    health, _ = plain
+    answers = {
+        f"{health}/healthz": (200, b'{"status":"ok"}'),
+        f"{health}/readyz": (200, b'{"status":"ready"}'),
+        f"{health}/nothing": (404, b'{"error":"not found"}'),
+    }
+    for url, (code, body) in answers.items():
+        response = requests.get(url, timeout=5)
+        assert (response.status_code, response.content) == (code, body)
+        assert response.headers["Content-Type"] == "application/json"
+        assert response.headers["Content-Length"] == str(len(body))
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t\n")
+    guarded = Settings(auth_token_file=tokens, metrics_require_auth=True)
+    for _, guarded_scrape in started(guarded, state, metrics):
+        refused = requests.get(f"{guarded_scrape}/metrics", timeout=5)
+        assert refused.content == b'{"error":"missing or invalid bearer token"}'
+
+
+@pytest.mark.parametrize("query", ["?x=1", "?a?b"])
+def test_a_query_string_is_ignored(plain: tuple[str, str], query: str) -> None:
+    health, scrape = plain
+    assert requests.get(f"{health}/healthz{query}", timeout=5).status_code == 200
+    assert requests.get(f"{scrape}/metrics{query}", timeout=5).status_code == 200
+
+
+def test_metrics_required_to_be_authenticated_with_no_token_file_stay_open(
+    state: ops.ServiceState, metrics: Metrics
+) -> None:
+    """Without hook tokens there is nothing to present: the setting alone closes nothing."""
+    for _, scrape in started(Settings(metrics_require_auth=True), state, metrics):
+        assert requests.get(f"{scrape}/metrics", timeout=5).status_code == 200
+
+
+def test_a_tls_client_that_never_says_hello_is_dropped(
+    tmp_path: Path, state: ops.ServiceState, metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ops, "REQUEST_TIMEOUT_SECONDS", 0.3)
+    settings, _ = tls_settings(tmp_path)
+    for _, scrape in started(settings, state, metrics):
+        port = int(scrape.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as silent:
+            silent.settimeout(5)
+            assert silent.recv(1) == b""  # closed by the listener, not by us
+
+
+def test_broken_clients_leave_no_trace_and_the_listener_answers_on(
+    tmp_path: Path,
+    state: ops.ServiceState,
+    metrics: Metrics,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A handshake that fails (plain HTTP to the TLS port) and a client reset mid-request are
+    nothing to answer or report."""
+    settings, ca_file = tls_settings(tmp_path)
+    for health, scrape in started(settings, state, metrics):
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(scrape.replace("https", "http") + "/metrics", timeout=5)
+        port = int(health.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as reset:
+            reset.sendall(b"GET /healthz HTTP/1.1\r\nHost: x")
+            reset.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+            )
+        time.sleep(0.2)  # the listener's threads meet the failures
+        assert requests.get(f"{scrape}/metrics", verify=str(ca_file), timeout=5).status_code == 200
+        assert requests.get(f"{health}/healthz", timeout=5).status_code == 200
+    err = capsys.readouterr().err
+    assert err == ""
+
+
+def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
+    state: ops.ServiceState,
+) -> None:
+    listener = ops.listen("127.0.0.1", 0, ops.health_routes(state), None)
+    assert listener.thread.is_alive() and listener.thread.daemon
+    assert listener.thread.name == "listener :0"
+    time.sleep(0.25)  # well into a poll, whatever its interval
+    stopping = time.monotonic()
+    listener.stop()
+    assert time.monotonic() - stopping < 0.2
+    listener.thread.join(1)
+    assert not listener.thread.is_alive()
+
+
+def test_a_worker_says_which_ports_it_listens_on(
+    state: ops.ServiceState, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        health, scrape = ops.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
+    health.stop()
+    scrape.stop()
+    [line] = [r for r in caplog.records if r.getMessage() == "listening"]
+    assert line.fields == {"health_port": health.port, "metrics_port": scrape.port}  # type: ignore[attr-defined]
+
+
+def test_an_error_in_a_route_is_one_log_line_and_no_traceback_on_stderr(
+    state: ops.ServiceState, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(headers: dict[str, str]) -> ops.Reply:
+        raise RuntimeError(headers["authorization"])  # a message that quotes the request
+
+    listener = ops.listen("127.0.0.1", 0, {"/broken": broken}, None)
+    try:
+        with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+            with pytest.raises(requests.exceptions.ConnectionError):
+                requests.get(
+                    f"http://127.0.0.1:{listener.port}/broken",
+                    headers={"Authorization": "Bearer secret-token-value"},
+                    timeout=5,
+                )
+            time.sleep(0.1)  # the error is logged after the connection is dropped
+        assert requests.get(f"http://127.0.0.1:{listener.port}/x", timeout=5).status_code == 404
+    finally:
+        listener.stop()
+    [line] = [r for r in caplog.records if r.getMessage() == "unexpected error"]
+    fields = line.fields  # type: ignore[attr-defined]
+    assert (fields["route"], fields["error"]) == ("listener", "RuntimeError")
+    assert any("in broken" in frame for frame in fields["frames"])
+    assert "secret-token-value" not in repr(fields)
+    assert capsys.readouterr().err == ""
