@@ -40,11 +40,15 @@ class Target:
 
 def _call(target: Target, token: str | None) -> tuple[int, bytes]:
     parts = urlsplit(target.base_url)
-    host, port = parts.hostname or "", parts.port
+    host, port = parts.hostname, parts.port
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError(f"{target.base_url} is not an http:// or https:// URL with a host")
     if parts.scheme == "https":
         context = ssl.create_default_context(cafile=str(target.ca_file) if target.ca_file else None)
         if target.client_cert:
-            context.load_cert_chain(str(target.client_cert), str(target.client_key or ""))
+            # Without a key file, the key is in the certificate's file.
+            key = str(target.client_key) if target.client_key else None
+            context.load_cert_chain(str(target.client_cert), key)
         connection: http.client.HTTPConnection = http.client.HTTPSConnection(
             host, port, timeout=target.timeout_seconds, context=context
         )

@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--ca-file", help="CA bundle the serving certificate is checked against")
     probe.add_argument("--token-file", help="the bearer token; then a call without it must get 401")
     probe.add_argument("--client-cert", help="client certificate, when the hooks require one")
-    probe.add_argument("--client-key", help="its key")
+    probe.add_argument("--client-key", help="its key (omit it when the certificate file holds it)")
     probe.set_defaults(handler=check)
     return parser
 

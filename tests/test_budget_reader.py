@@ -16,6 +16,7 @@ from hooks.kubeapi.budget import (
     releases_in,
     scoped_tenancy,
 )
+from hooks.kubeapi.client import PAGE_SIZE
 from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
@@ -119,17 +120,18 @@ def test_an_unbounded_namespace_reads_no_pool(
 def test_classes_are_cached_briefly_tenants_and_apps_never(
     settings: Settings, budget_api: FakeApiServer
 ) -> None:
-    now = [0.0]
+    now = [100.0]
     budgets = reader(settings, now)
 
     def reads(path: str) -> int:
         return sum(1 for p, _ in budget_api.requests if p.startswith(path) and "continue" not in p)
 
     budgets.classes(), budgets.tenancy(["tenant-a"])
+    now[0] = 104.9
     budgets.classes(), budgets.tenancy(["tenant-a"])
     assert reads(GPUCLASSES) == 1
     assert reads(releases_in("tenant-a")) == 2
-    now[0] = 6.0
+    now[0] = 105.0  # the cache's five seconds are over
     budgets.classes()
     assert reads(GPUCLASSES) == 2
 
@@ -321,3 +323,27 @@ def test_a_vm_and_a_worker_pool_of_one_name_are_two_releases(
         ("KubernetesNodes", "x"),
         ("VMInstance", "x"),
     ]
+
+
+def test_every_list_is_read_in_pages_of_the_api_servers_usual_size(
+    settings: Settings, budget_api: FakeApiServer
+) -> None:
+    reader(settings).classes()
+    queries = [parse_qs(urlsplit(p).query) for p, _ in budget_api.requests]
+    assert queries and all(query["limit"] == [str(PAGE_SIZE)] for query in queries)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"items": "not a list"}', "could not list GPUClasses (the list is not valid: "),
+        (b'{"items": [{"metadata": []}]}', "GPUClass: "),
+    ],
+)
+def test_a_class_list_that_does_not_decode_fails_closed_saying_what(
+    settings: Settings, apiserver: FakeApiServer, body: bytes, message: str
+) -> None:
+    apiserver.serve(GPUCLASSES, 200, body)
+    with pytest.raises(Unreadable) as failed:
+        reader(settings).classes()
+    assert str(failed.value).startswith(message)

@@ -178,9 +178,10 @@ def test_check_sends_the_customize_request_metacontroller_would(tmp_path: Path) 
     assert seen[0][2]["controller"]["kind"] == "CompositeController"
 
 
-def test_check_gives_up_on_a_service_that_never_answers_within_its_timeout() -> None:
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_check_gives_up_on_a_service_that_never_answers_within_its_timeout(scheme: str) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
-        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        url = f"{scheme}://127.0.0.1:{silent.getsockname()[1]}"
         problems: list[list[str]] = []
         checking = threading.Thread(
             target=lambda: problems.append(check(Target(url, timeout_seconds=0.2))), daemon=True
@@ -188,7 +189,9 @@ def test_check_gives_up_on_a_service_that_never_answers_within_its_timeout() -> 
         checking.start()
         checking.join(10)
     assert not checking.is_alive(), "check waited past its timeout"
-    assert problems == [[f"{CUSTOMIZE_PATH}: TimeoutError: timed out"]]
+    [[problem]] = problems
+    assert problem.startswith(f"{CUSTOMIZE_PATH}: TimeoutError: ")
+    assert problem.endswith("timed out")
 
 
 def test_check_without_a_ca_file_verifies_against_the_system_cas(
@@ -198,3 +201,19 @@ def test_check_without_a_ca_file_verifies_against_the_system_cas(
         problems = check(Target(url))
     assert len(problems) == 1
     assert "SSLCertVerificationError" in problems[0]
+
+
+def test_check_takes_a_client_certificate_whose_file_holds_its_key(
+    settings: Settings, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    combined = tmp_path / "client.pem"
+    combined.write_bytes(pki["client.key"].read_bytes() + pki["client.crt"].read_bytes())
+    with hooks_served(with_token(settings, tmp_path), pki, client_ca=True) as url:
+        assert check(Target(url, pki["ca"], token_file(tmp_path), combined)) == []
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:9", "http://:9", "127.0.0.1:9"])
+def test_check_refuses_a_url_it_cannot_call_in_one_line(url: str) -> None:
+    assert check(Target(url)) == [
+        f"{CUSTOMIZE_PATH}: ValueError: {url} is not an http:// or https:// URL with a host"
+    ]

@@ -231,3 +231,23 @@ def test_an_http_error_without_a_description_answers_its_name(client: FlaskClien
     response = client.put("/status/sync")
     assert response.status_code == 405
     assert response.json == {"error": "The method is not allowed for the requested URL."}
+
+
+def test_an_unexpected_error_is_a_500_logged_by_type_and_frames_only(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hooks.app
+    from hooks.routes import Hook
+
+    def broken(service: Any, body: bytes) -> Any:
+        raise KeyError(body.decode())  # a message that quotes the input
+
+    monkeypatch.setattr(hooks.app, "HOOKS", (Hook("/status/sync", "metacontroller", broken),))
+    client = create_app(settings, apart_from_bytes=None).test_client()
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        response = client.post("/status/sync", data=b'{"token": "secret-token-value"}')
+    assert (response.status_code, response.json) == (500, {"error": "internal error"})
+    [error] = [r.fields for r in caplog.records if r.getMessage() == "unexpected error"]  # type: ignore[attr-defined]
+    assert (error["route"], error["error"]) == ("/status/sync", "KeyError")
+    assert 1 <= len(error["frames"]) <= 3 and "in broken" in error["frames"][-1]
+    assert "secret-token-value" not in repr(error)

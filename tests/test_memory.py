@@ -160,6 +160,7 @@ def test_when_the_head_of_the_line_gives_up_the_next_is_admitted_at_once() -> No
 def test_the_default_budget_is_the_limit_less_what_the_process_keeps() -> None:
     assert budget_for_limit(2048 * MIB) == 1792 * MIB
     assert budget_for_limit(300 * MIB) == 150 * MIB  # small limits keep half
+    assert budget_for_limit(300 * MIB + 1) == 150 * MIB + 1  # whole bytes: the process keeps less
     assert configured_budget(None, 2048 * MIB) == 1792 * MIB
     assert configured_budget(5 * MIB, 2048 * MIB) == 5 * MIB  # the setting wins
     assert configured_budget(0, 2048 * MIB) is None  # 0 turns it off

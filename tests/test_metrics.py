@@ -208,8 +208,26 @@ def test_kubevirt_reads_by_outcome(
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     apiserver.serve(KUBEVIRT_PATH, 500, {})
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    apiserver.serve(KUBEVIRT_PATH, 404, {"kind": "Status", "code": 404})
+    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     reads = series(scrape(metrics), "cozystack_gpu_kubevirt_reads_total")
-    assert reads == {labels(outcome="found"): 1.0, labels(outcome="unreadable"): 1.0}
+    assert reads == {
+        labels(outcome="found"): 1.0,
+        labels(outcome="unreadable"): 1.0,
+        labels(outcome="absent"): 1.0,
+    }
+
+
+def test_the_workers_threads_and_queue_are_exported_as_they_are_at_the_scrape(
+    metrics: Metrics,
+) -> None:
+    queued = [2]
+    metrics.watch_threads(8, lambda: queued[0])
+    samples = scrape(metrics)
+    assert series(samples, "cozystack_gpu_hook_threads") == {(): 8.0}
+    assert series(samples, "cozystack_gpu_hook_calls_queued") == {(): 2.0}
+    queued[0] = 5
+    assert series(scrape(metrics), "cozystack_gpu_hook_calls_queued") == {(): 5.0}
 
 
 def test_disabled_exports_no_class_series(settings: Settings, clock: Clock) -> None:

@@ -25,6 +25,7 @@ from hooks.app import create_app
 from hooks.rules.selectors import RuleError
 from hooks.settings import Settings
 from hooks.wire.metacontroller import RELATED_KINDS, LabelSelector, RelatedRule, Requirement
+from tests import builders
 
 ROOT = Path(__file__).parent.parent
 CLUSTER = ROOT / "examples" / "cluster.yaml"
@@ -547,3 +548,71 @@ def test_plan_json_equals_the_live_servers_answers(tmp_path: Path) -> None:
                     f"{server.url}/license/sync", json=license_request, timeout=10
                 ).json()["attachments"]
                 assert [planner.redacted(a) for a in attachments] == entry["attachments"]
+
+
+EDGES_TABLE = """\
+CLASS   RESOURCE                    FREE  MAX/NODE  READY    NOT FINE
+broken  -                           0     0         False    Ready: InvalidSpec
+l40s    nvidia.com/NVIDIA_L40S-24Q  1     1         Unknown  ResourceNameNotPermitted: KubeVirtUnreadable, Ready: KubeVirtUnreadable
+lic     nvidia.com/GH100_H100_PCIE  0     0         False    ResourceNameNotPermitted: KubeVirtUnreadable, ResourceNotAdvertised: NoNodeAdvertises, LicenseSecretMissing: SecretNotFound, Ready: ResourceNotAdvertised
+
+License copies of lic: source NOT usable (SecretNotFound): license Secret cozy-gpu-operator/nvidia-license does not exist
+  copy in:  -
+  skipped:  -
+"""
+EDGES_TAIL = """
+No KubeVirt CR in the input: ResourceNameNotPermitted is Unknown.
+
+Ignored 2 objects of other kinds.
+"""
+
+
+@pytest.fixture
+def edges(tmp_path: Path) -> Path:
+    """A cluster at the edges of the text output: a class with no resource, a licensed class
+    whose source is missing and whose resource no node has, a node with two pods, no KubeVirt CR,
+    two objects of other kinds."""
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "t"}}
+    objects = [
+        builders.gpuclass("broken", resource=None),
+        builders.licensed_class("lic", resource=builders.OTHER_GPU),
+        builders.gpuclass("l40s"),
+        builders.node("gpu-1", gpus=4),
+        builders.pod("a", node_name="gpu-1", gpus=1),
+        builders.pod("b", node_name="gpu-1", gpus=2),
+        builders.namespace("t", entitled=False),
+        {**other, "metadata": {**other["metadata"], "name": "c1"}},
+        {**other, "metadata": {**other["metadata"], "name": "c2"}},
+    ]
+    path = tmp_path / "edges.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    return path
+
+
+def test_the_text_output_at_its_edges(edges: Path) -> None:
+    assert run_plan(str(edges)).stdout == EDGES_TABLE + EDGES_TAIL
+
+
+def test_explain_of_a_class_no_node_advertises_says_none(edges: Path) -> None:
+    assert run_plan(str(edges), "--explain", "lic").stdout == (
+        EDGES_TABLE + "\nNodes advertising nvidia.com/GH100_H100_PCIE for lic: none\n" + EDGES_TAIL
+    )
+
+
+def test_explain_lists_every_pod_a_node_counts(edges: Path) -> None:
+    assert run_plan(str(edges), "--explain", "l40s").stdout == (
+        EDGES_TABLE
+        + "\nNodes advertising nvidia.com/NVIDIA_L40S-24Q for l40s:\n"
+        + "NODE   COUNTS  WHY NOT  ALLOCATABLE  USED  FREE  PODS\n"
+        + "gpu-1  yes     -        4            3     1     tenant-a/a (1), tenant-a/b (2)\n"
+        + EDGES_TAIL
+    )
+
+
+def test_disabled_classes_show_nothing_computed(edges: Path) -> None:
+    assert run_plan(str(edges), "--enabled", "false").stdout == (
+        "CLASS   RESOURCE  FREE  MAX/NODE  READY  NOT FINE\n"
+        "broken  -         -     -         -      -\n"
+        "l40s    -         -     -         -      -\n"
+        "lic     -         -     -         -      -\n" + EDGES_TAIL
+    )
