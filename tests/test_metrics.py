@@ -131,16 +131,29 @@ def test_conflicting_class_exports_no_inventory(client: FlaskClient, metrics: Me
     assert series(samples, "cozystack_gpu_class_condition")[conflict] == 1.0
 
 
+def test_a_class_without_inventory_hides_no_other_classes(
+    client: FlaskClient, metrics: Metrics
+) -> None:
+    older = gpuclass("b-old", created="2025-01-01T00:00:00Z")
+    conflicting = gpuclass("a-new", created="2026-01-01T00:00:00Z")  # sorts first
+    classes = [older, conflicting]
+    client.post("/status/sync", json=cluster_request(conflicting, classes))
+    client.post("/status/sync", json=cluster_request(older, classes))
+    assert list(series(scrape(metrics), "cozystack_gpu_class_free_units")) == [
+        labels(**{"class": "b-old"})
+    ]
+
+
 def test_deleted_class_series_disappear_when_time_advances(
     client: FlaskClient, metrics: Metrics, clock: Clock
 ) -> None:
     client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
-    clock.now += STALE_AFTER_SECONDS - 1
+    clock.now += STALE_AFTER_SECONDS  # three resyncs exactly: still the latest computation
     assert series(scrape(metrics), "cozystack_gpu_class_free_units")
     assert series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds") == {
         labels(**{"class": "l40s"}): 1_800_000_000.0
     }
-    clock.now += 2
+    clock.now += 0.001
     samples = scrape(metrics)
     assert series(samples, "cozystack_gpu_class_free_units") == {}
     assert series(samples, "cozystack_gpu_class_last_sync_timestamp_seconds") == {}

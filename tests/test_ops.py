@@ -7,6 +7,7 @@ import logging
 import socket
 import ssl
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,8 +152,11 @@ def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
     chain, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     cert.cert_chain_pems[0].write_to_path(str(chain))
     cert.private_key_pem.write_to_path(str(key))
-    context = ops.server_tls(Settings(tls_cert_file=chain, tls_key_file=key))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecated protocol
+        context = ops.server_tls(Settings(tls_cert_file=chain, tls_key_file=key))
     assert isinstance(context, ssl.SSLContext)
+    assert context.protocol == ssl.PROTOCOL_TLS_SERVER
     assert context.verify_mode == ssl.CERT_NONE  # no client certificate asked of scrapers
 
 
