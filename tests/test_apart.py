@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.exceptions import ClientDisconnected
 
 from hooks import apart
@@ -389,3 +390,67 @@ def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None
     )
     assert result.stdout.strip() == "none"
     assert apart.__name__ in apart.PRELOADED
+
+
+def apart_outcomes(metrics: Metrics) -> dict[str, float]:
+    return {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(metrics.exposition()[0].decode())
+        for sample in family.samples
+        if sample.name == "cozystack_gpu_hook_apart_calls_total"
+    }
+
+
+def test_a_call_runs_apart_from_exactly_the_threshold(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = example_of("/status/sync")
+    client = create_app(settings, apart_from_bytes=len(body) + 1).test_client()
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        client.post("/status/sync", data=body)
+        client.post("/status/sync", data=padded(body, len(body) + 1))
+    assert [facts.get("computed_apart", False) for facts in call_facts(caplog)] == [False, True]
+
+
+def test_each_call_computed_apart_is_counted_by_how_it_ended(settings: Settings) -> None:
+    import hooks.app
+
+    metrics = Metrics(180.0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            hooks.app, "HOOKS", (*HOOKS, Hook("/test/raises", "metacontroller", raises, pure=True))
+        )
+        client = create_app(settings, metrics=metrics, apart_from_bytes=0).test_client()
+    bad = json.loads(example_of("/status/sync"))
+    bad["parent"]["kind"] = "ConfigMap"
+    client.post("/status/sync", data=example_of("/status/sync"))
+    client.post("/status/sync", json=bad)
+    client.post("/test/raises", data=b"{}")
+    client.post(
+        "/status/sync",
+        input_stream=io.BytesIO(b"{}"),
+        environ_overrides={"CONTENT_LENGTH": "100"},  # the client goes before its body is whole
+    )
+    assert apart_outcomes(metrics) == {
+        "answered": 1.0,
+        "bad_request": 1.0,
+        "RuntimeError": 1.0,
+        "not_read": 1.0,
+    }
+    assert hook_children() == []
+
+
+def test_a_call_is_counted_in_progress_while_it_is_answered(settings: Settings) -> None:
+    metrics = Metrics(180.0)
+    seen: list[float] = []
+
+    class Reader:
+        def view(self) -> KubeVirtView:  # asked for mid-computation
+            seen.append(metrics.calls_in_progress._value.get())
+            return KubeVirtAbsent("cozy-kubevirt/kubevirt")
+
+    client = create_app(settings, kubevirt=Reader(), metrics=metrics).test_client()  # type: ignore[arg-type]
+    assert client.post("/status/sync", data=example_of("/status/sync")).status_code == 200
+    client.post("/status/sync", data=b"{")  # a 400 is counted and uncounted too
+    assert seen == [1.0]
+    assert metrics.calls_in_progress._value.get() == 0.0
