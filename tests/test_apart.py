@@ -57,6 +57,12 @@ def exits(service: Service, body: bytes) -> Answer:
     os._exit(3)
 
 
+def cuts_its_pipe_and_lingers(service: Service, body: bytes) -> Answer:
+    os.closerange(3, 4096)  # the serving process sees the child gone, yet it runs on
+    time.sleep(60)
+    raise AssertionError("unreachable")
+
+
 def hangs(service: Service, body: bytes) -> Answer:
     time.sleep(60)
     raise AssertionError("unreachable")
@@ -282,6 +288,17 @@ def test_a_child_that_exits_is_a_500_saying_with_which_code(
     response, error = failed_call(settings, exits, caplog)
     assert (response.status_code, error["error"]) == (500, "ChildDied")
     assert error["frames"] == ["the process computing /status/sync ended (exit code 3)"]
+
+
+def test_a_child_that_cut_its_pipe_is_not_waited_for(settings: Settings) -> None:
+    started = time.monotonic()
+    with pytest.raises(FailedElsewhere) as failed:
+        apart.compute(
+            hook_of(cuts_its_pipe_and_lingers), inputs(settings), no_view, iter([b"{}"]), 2, 30.0
+        )
+    assert failed.value.error_type == "ChildDied"
+    assert time.monotonic() - started < 10
+    assert hook_children() == []
 
 
 def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
