@@ -1,11 +1,17 @@
-"""Hypothesis profiles: `make unit` runs every property test on fewer examples
+"""Hypothesis profiles: `make unit` and `make mutate` run every property test on fewer examples
 (`--hypothesis-profile=quick`); `make test` and CI run the full counts."""
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import settings
 
 settings.register_profile("quick", max_examples=30)
+# Under mutation testing (mutmut sets MUTANT_UNDER_TEST) the property tests run on the quick
+# counts too: each of thousands of mutant runs then costs what `make unit` costs.
+if os.environ.get("MUTANT_UNDER_TEST"):
+    settings.load_profile("quick")
 
 
 def examples(full: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -347,3 +348,15 @@ def test_a_class_list_that_does_not_decode_fails_closed_saying_what(
     with pytest.raises(Unreadable) as failed:
         reader(settings).classes()
     assert str(failed.value).startswith(message)
+
+
+def test_a_list_whose_continue_token_never_advances_fails_closed(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    def stuck(query: dict[str, str]) -> dict[str, Any]:
+        return {"kind": "List", "metadata": {"continue": "again"}, "items": [gpuclass("l40s")]}
+
+    apiserver.serve(GPUCLASSES, 200, stuck)
+    with pytest.raises(Unreadable, match="the list's continue token did not advance"):
+        reader(settings).classes()
+    assert len(apiserver.requests) == 2

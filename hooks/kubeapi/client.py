@@ -101,4 +101,8 @@ class ApiClient:
             token = page.metadata.get("continue")
             if not token:
                 return
+            if str(token) == params.get("continue"):
+                # A server or proxy that hands back the token it was sent would keep this
+                # thread reading the same page for ever.
+                raise Unreadable("the list's continue token did not advance")
             params["continue"] = str(token)
