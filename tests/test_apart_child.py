@@ -249,18 +249,30 @@ def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings)
     assert errors == []
 
 
+def let_go(record: Any) -> int:
+    """Forget this process's fork server as a forked process would; its pid. The server, which
+    here is this process's child, is waited for, so that no other waiter (a test runner reaping
+    its own children) meets it."""
+    inherited: int = record._forkserver_pid
+    apart._own_fork_server()
+    deadline = time.monotonic() + 10
+    while os.waitpid(inherited, os.WNOHANG) == (0, 0):
+        assert time.monotonic() < deadline, "the inherited fork server is still running"
+        time.sleep(0.01)
+    return inherited
+
+
 def test_after_a_fork_the_parents_fork_server_is_let_go_and_a_new_one_started(
     settings: Settings,
 ) -> None:
     """What a forked process does first (`os.register_at_fork`), called here: it forgets the
-    fork server it inherited and closes its copy of the pipe that keeps that server alive; its
-    next large call starts a fork server of its own."""
+    fork server it inherited and closes its copy of the pipe that keeps that server alive (so
+    the server, here this process's child, ends); its next large call starts one of its own."""
     apart.start()
     record: Any = multiprocessing.forkserver._forkserver
-    inherited = record._forkserver_pid
     alive_fd = record._forkserver_alive_fd
     lock = record._lock
-    apart._own_fork_server()
+    inherited = let_go(record)
     assert (record._forkserver_pid, record._forkserver_address, record._forkserver_alive_fd) == (
         None,
         None,
@@ -269,17 +281,13 @@ def test_after_a_fork_the_parents_fork_server_is_let_go_and_a_new_one_started(
     assert record._lock is not lock and not record._lock.locked()
     with pytest.raises(OSError):
         os.fstat(alive_fd)  # closed: this copy no longer keeps the inherited server alive
-    # Here the inherited server is this process's child: with its last keep-alive gone, it ends.
-    deadline = time.monotonic() + 10
-    while os.waitpid(inherited, os.WNOHANG) == (0, 0):
-        assert time.monotonic() < deadline, "the inherited fork server is still running"
-        time.sleep(0.01)
     apart.start()
     assert record._forkserver_pid not in (None, inherited)
 
 
 def test_forgetting_no_fork_server_is_harmless() -> None:
     record: Any = multiprocessing.forkserver._forkserver
-    apart._own_fork_server()
+    if record._forkserver_pid is not None:
+        let_go(record)
     apart._own_fork_server()  # nothing inherited: no descriptor to close
     assert record._forkserver_alive_fd is None
