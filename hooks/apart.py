@@ -107,7 +107,7 @@ def start() -> None:
     """Start the fork server and wait until it has the hooks imported (about a second): the
     first large call then does not wait for it, and a worker that is up has one ready. A fork
     server that cannot start stops the worker here, at boot, and gunicorn says why."""
-    ready = _CONTEXT.Process(target=_nothing, name="hook fork server check", daemon=True)
+    ready = _CONTEXT.Process(target=_nothing)
     ready.start()  # the fork server forks only once its imports are done
     ready.join()
 

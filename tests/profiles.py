@@ -1,5 +1,5 @@
-"""Hypothesis profiles: `make unit` and `make mutate` run every property test on fewer examples
-(`--hypothesis-profile=quick`); `make test` and CI run the full counts."""
+"""Hypothesis profiles: `make unit` (`--hypothesis-profile=quick`) and `make mutate` run every
+property test on fewer examples; `make test` and CI run the full counts."""
 
 from __future__ import annotations
 

@@ -432,8 +432,11 @@ def test_each_review_logs_one_line_with_its_verdict_and_what_it_read(
         ("/admit/tenant-gpu-keys", tenant),
     ]
     with caplog.at_level(logging.INFO, logger=LOGGER.name):
-        for route, body in bodies:
-            review(client, route, body)
+        answers = [review(client, route, body) for route, body in bodies]
+    assert [(a["uid"], a["allowed"]) for a in answers] == [
+        (body["request"]["uid"], allowed)
+        for (_, body), allowed in zip(bodies, [True, False, False, False, True], strict=True)
+    ]
     calls = logged_calls(caplog)
     for call in calls:
         assert call.pop("body_bytes") > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -357,6 +358,19 @@ def test_a_list_whose_continue_token_never_advances_fails_closed(
         return {"kind": "List", "metadata": {"continue": "again"}, "items": [gpuclass("l40s")]}
 
     apiserver.serve(GPUCLASSES, 200, stuck)
-    with pytest.raises(Unreadable, match="the list's continue token did not advance"):
-        reader(settings).classes()
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            reader(settings).classes()
+        except BaseException as error:
+            raised.append(error)
+
+    reading = threading.Thread(target=read, daemon=True)  # a loop must fail the test, not hang it
+    reading.start()
+    reading.join(10)
+    assert not reading.is_alive(), "still reading the same page"
+    [error] = raised
+    assert isinstance(error, Unreadable)
+    assert "the list's continue token did not advance" in str(error)
     assert len(apiserver.requests) == 2
