@@ -244,7 +244,7 @@ def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> lis
 
 def redacted(attachment: dict[str, Any]) -> dict[str, Any]:
     """An attachment as plan shows it: every data value but the generated gridd.conf hidden."""
-    data = {k: v if k == GRIDD_KEY else REDACTED for k, v in attachment.get("data", {}).items()}
+    data = {k: v if k == GRIDD_KEY else REDACTED for k, v in attachment["data"].items()}
     return {**attachment, "data": data}
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import msgspec
 import pytest
 
 from hooks.kubeapi.budget import (
@@ -15,6 +17,7 @@ from hooks.kubeapi.budget import (
     HELM_API,
     HELMRELEASES,
     BudgetReader,
+    release_object,
     releases_in,
     scoped_tenancy,
 )
@@ -374,3 +377,24 @@ def test_a_list_whose_continue_token_never_advances_fails_closed(
     assert isinstance(error, Unreadable)
     assert "the list's continue token did not advance" in str(error)
     assert len(apiserver.requests) == 2
+
+
+def test_a_release_that_says_not_even_where_it_lives_is_an_unreadable_tenant_of_nowhere() -> None:
+    release = release_object(msgspec.Raw(b'{"metadata": []}'))
+    assert isinstance(release, Tenant)
+    assert (release.release_namespace, release.name) == ("", None)
+    assert release.unreadable is not None
+    assert release.unreadable.startswith("HelmRelease (unnamed): ")
+
+
+def test_a_release_without_kind_or_name_labels_is_an_app_of_no_kind_and_no_name() -> None:
+    body = {"metadata": {"namespace": "tenant-a", "name": "vm-x", "labels": {}}, "spec": {}}
+    release = release_object(msgspec.Raw(json.dumps(body).encode()))
+    assert isinstance(release, App)
+    assert (release.namespace, release.kind, release.name, release.release) == (
+        "tenant-a",
+        "",
+        "",
+        "vm-x",
+    )
+    assert release.unreadable is None

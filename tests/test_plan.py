@@ -616,3 +616,34 @@ def test_disabled_classes_show_nothing_computed(edges: Path) -> None:
         "l40s    -         -     -         -      -\n"
         "lic     -         -     -         -      -\n" + EDGES_TAIL
     )
+
+
+def test_the_license_summary_names_every_namespace_skipped_and_why(tmp_path: Path) -> None:
+    objects = [
+        builders.licensed_class("l40s"),
+        builders.source_secret(),
+        builders.node("gpu-1"),
+        builders.namespace("a"),
+        builders.namespace("b"),
+        builders.namespace("c", terminating=True),
+        builders.namespace("d"),
+        builders.namespace("Bad_Name"),
+        builders.orphaned_copy("l40s", "b"),
+        builders.secret("gpuclass-l40s-license", "d", data={"x": b"y"}),
+    ]
+    path = tmp_path / "licensed.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    result = run_plan(str(path), "-o", "json")
+    [entry] = json.loads(result.stdout)["classes"]
+    assert entry["license"]["copies"] == ["a"]
+    assert entry["license"]["skipped"] == [
+        {"namespace": "Bad_Name", "why": "invalid name"},
+        {"namespace": "b", "why": "holds a copy with our labels that no class manages"},
+        {"namespace": "c", "why": "terminating: no new copy"},
+        {"namespace": "d", "why": "holds a Secret of the copy's name that is not a managed copy"},
+    ]
+    [copy] = entry["attachments"]
+    assert copy["data"] == {
+        builders.TOKEN_KEY: planner.REDACTED,
+        "gridd.conf": builders.b64(b"FeatureType=1\n"),
+    }
