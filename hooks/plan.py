@@ -184,7 +184,7 @@ def select_related(
 
 
 def _bytes(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    return msgspec.json.encode(obj)
 
 
 @dataclass(frozen=True)
@@ -215,9 +215,7 @@ def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> lis
     for gpuclass in sorted(classes, key=lambda c: c["metadata"]["name"]):
         customize = CustomizeRequest(parent=msgspec.Raw(_bytes(gpuclass)))
         related = select_related(status.customize(customize, settings).related_resources, inventory)
-        status_body = _bytes(
-            {"parent": gpuclass, "children": {}, "related": related, "finalizing": False}
-        )
+        status_body = _bytes({"parent": gpuclass, "related": related})
         status_outcome = status.sync(
             decode_composite_sync(status_body), settings, lambda: view, now
         )

@@ -323,13 +323,21 @@ def test_a_call_that_can_never_fit_gets_413_naming_the_setting(
     settings: Settings,
 ) -> None:
     memory = budget(total=100 * KIB)
-    client = create_app(settings, memory=memory).test_client()
+    metrics = Metrics(180.0)
+    client = create_app(settings, memory=memory, metrics=metrics).test_client()
     body = sync_body(200)
     assert memory.share(len(body)) > memory.budget_bytes
     response = client.post("/status/sync", data=body)
     assert response.status_code == 413
-    error = response.json["error"]
-    assert "GPUCLASS_MEMORY_BUDGET_BYTES" in error and "GPUCLASS_POD_SELECTOR" in error
+    assert response.json["error"] == (
+        f"a body of {len(body)} bytes needs {memory.share(len(body))} bytes of the memory budget "
+        f"({memory.budget_bytes} bytes) and can never fit: raise GPUCLASS_MEMORY_BUDGET_BYTES or "
+        "the memory limit, or shrink requests with GPUCLASS_POD_SELECTOR and "
+        "GPUCLASS_NODE_SELECTOR"
+    )
+    text = metrics.exposition()[0].decode()
+    assert 'cozystack_gpu_hook_memory_refused_total{code="413"} 1.0' in text
+    assert 'cozystack_gpu_hook_memory_refused_total{code="429"} 0.0' in text
 
 
 def test_a_chunked_body_that_could_exceed_the_budget_must_say_its_length(

@@ -647,3 +647,31 @@ def test_the_license_summary_names_every_namespace_skipped_and_why(tmp_path: Pat
         builders.TOKEN_KEY: planner.REDACTED,
         "gridd.conf": builders.b64(b"FeatureType=1\n"),
     }
+
+
+def test_copies_are_kept_while_the_license_source_is_missing(tmp_path: Path) -> None:
+    """The dump's managed copies are the decorator's attachments: with the source gone, plan
+    shows them kept, not deleted."""
+    objects = [
+        builders.licensed_class("l40s"),
+        builders.node("gpu-1"),
+        builders.namespace("a"),
+        builders.managed_copy("l40s", "a"),
+        builders.managed_copy("other", "a"),  # another class's copy is not this one's
+    ]
+    path = tmp_path / "kept.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    [entry] = json.loads(run_plan(str(path), "-o", "json").stdout)["classes"]
+    assert entry["license"]["source"]["usable"] is False
+    assert entry["license"]["copies"] == ["a"]
+    assert [(c["metadata"]["namespace"], c["metadata"]["name"]) for c in entry["attachments"]] == [
+        ("a", "gpuclass-l40s-license")
+    ]
+
+
+def test_without_a_kubevirt_cr_the_condition_says_it_is_not_in_the_input(edges: Path) -> None:
+    classes = json.loads(run_plan(str(edges), "-o", "json").stdout)["classes"]
+    [condition] = [
+        c for c in classes[1]["status"]["conditions"] if c["type"] == "ResourceNameNotPermitted"
+    ]
+    assert "KubeVirt cozy-kubevirt/kubevirt is not in the input files" in condition["message"]
