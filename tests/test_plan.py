@@ -675,3 +675,20 @@ def test_without_a_kubevirt_cr_the_condition_says_it_is_not_in_the_input(edges: 
         c for c in classes[1]["status"]["conditions"] if c["type"] == "ResourceNameNotPermitted"
     ]
     assert "KubeVirt cozy-kubevirt/kubevirt is not in the input files" in condition["message"]
+
+
+def test_a_namespace_selector_selects_nothing_in_namespaces_the_input_lacks(tmp_path: Path) -> None:
+    """A Pod whose Namespace is not in the dump has no namespace labels: no namespace selector
+    matches it; with no Namespace in the dump at all, none matches anything."""
+    rule = RelatedRule(
+        api_version="v1",
+        resource="pods",
+        namespace_selector=LabelSelector(match_labels={"namespace.cozystack.io/vgpu": "true"}),
+    )
+    with_namespace = loaded(
+        tmp_path, builders.namespace("tenant-a"), builders.pod("in-a"), builders.pod("elsewhere")
+    )
+    with_namespace.objects[("v1", "pods")][1]["metadata"]["namespace"] = "tenant-x"
+    assert names(planner.select_related([rule], with_namespace)["Pod.v1"]) == ["tenant-a/in-a"]
+    without = loaded(tmp_path, builders.pod("in-a"))
+    assert planner.select_related([rule], without)["Pod.v1"] == {}
