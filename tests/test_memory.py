@@ -388,3 +388,57 @@ def test_unauthenticated_callers_never_hold_the_budget(
     assert response.status_code == 401  # at once: it never queued
     assert memory.waiting == 0
     assert isinstance(held, Admitted)
+
+
+def exact(total: int, wait: float = 0.05) -> MemoryBudget:
+    """A budget whose share of a body is the body itself, bypassed below 10 bytes."""
+    return MemoryBudget(
+        total, max_wait_seconds=wait, expansion=1.0, per_call_bytes=0, bypass_below_bytes=10
+    )
+
+
+def test_a_body_just_below_the_bypass_reserves_nothing_and_one_at_it_reserves() -> None:
+    memory = exact(100)
+    below, at = memory.reserve(9), memory.reserve(10)
+    assert isinstance(below, Admitted) and below.share == 0
+    assert isinstance(at, Admitted) and at.share == 10
+    assert memory.reserved_bytes == 10
+
+
+def test_a_share_of_exactly_the_whole_budget_fits_and_one_byte_more_never_does() -> None:
+    memory = exact(100)
+    whole = memory.reserve(100)
+    assert isinstance(whole, Admitted) and memory.reserved_bytes == 100
+    whole.release()
+    assert memory.reserve(101) == NeverFits(101)
+
+
+def test_a_call_fits_beside_others_up_to_the_last_byte() -> None:
+    memory = exact(100)
+    first = memory.reserve(60)
+    second = memory.reserve(40)
+    assert isinstance(first, Admitted) and isinstance(second, Admitted)
+    assert memory.reserved_bytes == 100
+
+
+def test_a_call_that_waited_its_whole_time_says_its_share_and_how_long() -> None:
+    now = [1000.0]
+
+    def clock() -> float:
+        now[0] += 0.5  # each look at the clock, half a second later
+        return now[0]
+
+    memory = MemoryBudget(
+        100,
+        max_wait_seconds=1.0,
+        expansion=1.0,
+        per_call_bytes=0,
+        bypass_below_bytes=10,
+        clock=clock,
+    )
+    held = memory.reserve(80)
+    assert isinstance(held, Admitted)
+    refused = memory.reserve(30)
+    assert isinstance(refused, TimedOut)
+    # started at 1000.5; 0.5 s left at 1001.0, none at 1001.5: refused then, told 1.5 s
+    assert (refused.share, refused.waited) == (30, 1.5)
