@@ -1,0 +1,98 @@
+"""The Kubernetes API client (`hooks.kubeapi.client`) over HTTPS, as in a pod: the API server's
+certificate is checked against the service account's CA, and every read carries the token and
+asks for JSON. (The suite's fake API server speaks plain HTTP; the real one is in
+test_real_apiserver.py, which starts processes and so is out of mutation testing's reach.)"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from hooks.kubeapi.client import ApiClient
+from hooks.settings import Settings
+from hooks.wire.problems import Unreadable
+
+OBJECT = {"kind": "KubeVirt", "metadata": {"name": "kubevirt"}}
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def https_api(ca: trustme.CA) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """An HTTPS server answering every GET with OBJECT; the headers of each request."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            payload = json.dumps(OBJECT).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def client(api: str, tmp_path: Path, ca_pem: bytes | None) -> ApiClient:
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    ca_file = tmp_path / "ca.crt"
+    if ca_pem is not None:
+        ca_file.write_bytes(ca_pem)
+    return ApiClient(
+        Settings(kube_api=api, kube_token_file=token, kube_ca_file=ca_file, kube_timeout_seconds=5)
+    )
+
+
+def test_a_read_checks_the_api_servers_certificate_against_the_ca_file(
+    https_api: tuple[str, list[dict[str, str]]], ca: trustme.CA, tmp_path: Path
+) -> None:
+    api, seen = https_api
+    body = client(api, tmp_path, ca.cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
+    assert json.loads(body) == OBJECT
+    assert (seen[0]["accept"], seen[0]["authorization"]) == ("application/json", "Bearer sa-token")
+
+
+def test_a_certificate_another_ca_signed_is_refused(
+    https_api: tuple[str, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    api, seen = https_api
+    with pytest.raises(Unreadable, match=r"^request failed \(SSLError\)$"):
+        client(api, tmp_path, trustme.CA().cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
+    assert seen == []
+
+
+def test_without_a_ca_file_the_system_cas_are_the_judges(
+    https_api: tuple[str, list[dict[str, str]]], tmp_path: Path
+) -> None:
+    api, seen = https_api
+    with pytest.raises(Unreadable, match=r"^request failed \(SSLError\)$"):
+        client(api, tmp_path, None).get("/apis/kubevirt.io/v1/x")
+    assert seen == []
