@@ -86,10 +86,10 @@ def test_burst_of_syncs_makes_one_read_within_the_cache_period(
     reader = KubeVirtReader(cached, clock=lambda: now[0], observe=outcomes.append)
     for _ in range(5):
         reader.view()
-    now[0] += 4.9
+    now[0] = 104.9
     reader.view()
     assert len(apiserver.requests) == 1
-    now[0] += 0.1  # the five seconds are over
+    now[0] = 105.0  # the five seconds are over
     reader.view()
     assert len(apiserver.requests) == 2
     assert outcomes == ["found", "found"]
