@@ -273,18 +273,35 @@ def test_json_and_yaml_carry_the_same_content_and_never_the_token() -> None:
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        (None, "cannot read"),
-        ("a: [unclosed", "not JSON or YAML"),
-        ('{"kind": ', "not JSON or YAML"),
-        ("- 1\n- 2\n", "expected Kubernetes objects"),
+        (None, "cannot read: No such file or directory"),
+        (b"\xff\xfe", "cannot read: 'utf-8' codec can't decode byte 0xff in position 0: invalid"),
+        ("a: [unclosed", "not JSON or YAML: while parsing a flow sequence"),
+        ('{"kind": ', "not JSON or YAML: Expecting value: line 1 column 10 (char 9)"),
+        ('\n {"kind": ', "not JSON or YAML: Expecting value: line 2 column 11 (char 11)"),
+        ("- 1\n- 2\n", "expected Kubernetes objects, found int"),
+        ("\n  [1]", "expected Kubernetes objects, found int"),
+        ("[1,]", "not JSON or YAML: Expecting value: line 1 column 4 (char 3)"),
         ("kind: Node\nmetadata: {}\n", "an object has no kind, apiVersion or metadata.name"),
+    ],
+    ids=[
+        "missing",
+        "binary",
+        "bad-yaml",
+        "bad-json",
+        "bad-json-indented",
+        "ints",
+        "json-ints",
+        "json-list",
+        "nameless",
     ],
 )
 def test_unreadable_input_exits_2_with_one_line_naming_the_file(
-    tmp_path: Path, content: str | None, problem: str
+    tmp_path: Path, content: str | bytes | None, problem: str
 ) -> None:
     path = tmp_path / "dump.yaml"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     result = run_plan(str(CLUSTER), str(path))
     assert result.returncode == 2
