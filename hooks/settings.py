@@ -115,7 +115,6 @@ class Settings(BaseSettings):
         "no copies and shows `LicenseSecretMissing` / `NamespaceNotAllowed` (a class must not be "
         "able to copy an arbitrary Secret into tenant namespaces)",
         chart="license.namespaces",
-        shown="`cozy-gpu-operator`",
     )
     auth_token_file: Path | None = setting(
         None,

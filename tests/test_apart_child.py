@@ -209,7 +209,7 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
 def test_a_child_has_no_budgets_to_read(read: str) -> None:
     budgets: Any = apart._NoBudgets()
     with pytest.raises(
-        RuntimeError, match="a hook computed apart read GPU budgets: it is not pure"
+        RuntimeError, match=r"^a hook computed apart read GPU budgets: it is not pure$"
     ):
         getattr(budgets, read)(*([] if read == "classes" else [("tenant-a",)]))
 
@@ -291,3 +291,14 @@ def test_forgetting_no_fork_server_is_harmless() -> None:
         let_go(record)
     apart._own_fork_server()  # nothing inherited: no descriptor to close
     assert record._forkserver_alive_fd is None
+
+
+def test_a_hook_in_the_child_that_reads_budgets_fails_saying_it_is_not_pure(
+    settings: Settings,
+) -> None:
+    def reads_budgets(service: Service, body: bytes) -> Answer:
+        service.budgets.classes()
+        raise AssertionError("unreachable")
+
+    ended = served_here(reads_budgets, b"{}", settings)
+    assert ended is not None and ended[:2] == ("failed", "RuntimeError")

@@ -210,13 +210,13 @@ def test_go_durations_in_seconds(text: str, seconds: float) -> None:
 
 @pytest.mark.parametrize("text", ["", "30", "s", "1d", "-1s", "1 s", "1.s", "30s "])
 def test_what_is_not_a_go_duration_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="must be a Go duration such as 30s or 1m30s"):
+    with pytest.raises(ValueError, match=r"^must be a Go duration such as 30s or 1m30s$"):
         go_duration_seconds(text)
 
 
 @pytest.mark.parametrize("text", ["0s", "0m0s", "0ms"])
 def test_a_go_duration_of_nothing_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="must be longer than zero"):
+    with pytest.raises(ValueError, match=r"^must be longer than zero$"):
         go_duration_seconds(text)
 
 
@@ -265,7 +265,9 @@ def test_in_a_pod_the_api_server_is_the_service_environments(
     "places", [{}, {"chart": "a.b", "not_in_chart": "because"}], ids=["neither", "both"]
 )
 def test_a_setting_names_its_chart_value_or_why_it_has_none(places: dict[str, str]) -> None:
-    with pytest.raises(TypeError, match="a setting names its chart value or says why it has none"):
+    with pytest.raises(
+        TypeError, match=r"^a setting names its chart value or says why it has none$"
+    ):
         setting(1, "one", **places)
 
 
@@ -284,7 +286,7 @@ def test_the_settings_table_shows_each_default_as_the_docs_read_it() -> None:
 
 
 def test_a_readme_without_the_table_markers_is_refused() -> None:
-    with pytest.raises(ValueError, match="the README has no <!-- settings table"):
+    with pytest.raises(ValueError, match=r"^the README has no <!-- settings table"):
         readme_with_table("# a README\n")
     with pytest.raises(ValueError, match="the README has no"):
         readme_with_table("<!-- settings table: make settings-table -->\nno end")
