@@ -709,3 +709,15 @@ def test_a_namespace_selector_selects_nothing_in_namespaces_the_input_lacks(tmp_
     assert names(planner.select_related([rule], with_namespace)["Pod.v1"]) == ["tenant-a/in-a"]
     without = loaded(tmp_path, builders.pod("in-a"))
     assert planner.select_related([rule], without)["Pod.v1"] == {}
+
+
+def test_the_text_lists_every_namespace_a_copy_goes_to(tmp_path: Path) -> None:
+    objects = [
+        builders.licensed_class("l40s"),
+        builders.source_secret(),
+        builders.namespace("a"),
+        builders.namespace("b"),
+    ]
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    assert "\n  copy in:  a, b\n" in run_plan(str(path)).stdout
