@@ -85,10 +85,10 @@ NAMES ?=
 bugs: $(BIN)/gpuclass-hooks
 	$(BIN)/python mutation/bugs.py $(NAMES)
 
-# Mutation testing of the whole service but its entry point (mutmut; not in CI): a full run makes
-# about 6,000 mutants and takes about an hour on 2 cores; MUTANTS='hooks.rules.budget*' runs one
-# module. The report counts the survivors listed in mutation/equivalent.txt as equivalent, those
-# no test reaches as survivors, and prints only the news.
+# Mutation testing of the whole service but its entry point (mutmut; not in CI): a full run takes
+# hours (docs/development.md); MUTANTS='hooks.rules.budget*' runs one module. The report counts
+# the survivors listed in mutation/equivalent.txt as equivalent, those no test reaches as
+# survivors, and prints only the news.
 MUTANTS ?=
 mutate: $(BIN)/gpuclass-hooks tools
 	$(BIN)/pip install --quiet 'mutmut>=3.8,<4'

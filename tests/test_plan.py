@@ -721,3 +721,32 @@ def test_the_text_lists_every_namespace_a_copy_goes_to(tmp_path: Path) -> None:
     path = tmp_path / "two.yaml"
     path.write_text(yaml.safe_dump_all(objects))
     assert "\n  copy in:  a, b\n" in run_plan(str(path)).stdout
+
+
+def test_a_class_being_edited_keeps_its_copies(tmp_path: Path) -> None:
+    """A class whose spec is invalid keeps the copies Metacontroller attached (the dump's managed
+    copies of that class, not another's) until it is valid again."""
+    edited = builders.licensed_class("l40s")
+    edited["spec"]["resourceName"] = "not a resource"
+    objects = [
+        edited,
+        builders.node("gpu-1"),
+        builders.namespace("a"),
+        builders.managed_copy("l40s", "a"),
+        builders.managed_copy("other", "a"),
+    ]
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    [entry] = json.loads(run_plan(str(path), "-o", "json").stdout)["classes"]
+    assert [(c["metadata"]["namespace"], c["metadata"]["name"]) for c in entry["attachments"]] == [
+        ("a", "gpuclass-l40s-license")
+    ]
+
+
+def test_a_dump_without_classes_plans_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "bare.yaml"
+    path.write_text(yaml.safe_dump_all([builders.node("gpu-1")]))
+    result = run_plan(str(path))
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[0] == "CLASS  RESOURCE  FREE  MAX/NODE  READY  NOT FINE"
+    assert "\nNo KubeVirt CR in the input" in result.stdout
