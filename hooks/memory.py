@@ -58,11 +58,9 @@ def container_memory_limit(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | 
             text = path.read_text().strip()
         except OSError:
             continue
-        if text == "max":
-            return None
         try:
             value = int(text)
-        except ValueError:
+        except ValueError:  # cgroup v2 says "max" for no limit
             return None
         return None if value >= _UNLIMITED_V1 else value
     return None

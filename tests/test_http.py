@@ -6,6 +6,7 @@ import json
 import logging
 import socket
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +252,43 @@ def test_an_unexpected_error_is_a_500_logged_by_type_and_frames_only(
     assert (error["route"], error["error"]) == ("/status/sync", "KeyError")
     assert 1 <= len(error["frames"]) <= 3 and "in broken" in error["frames"][-1]
     assert "secret-token-value" not in repr(error)
+
+
+@pytest.mark.parametrize("code", [401, 403, 408, 411, 413, 429])
+def test_a_refusal_closes_the_connection_its_body_was_not_read_from(code: int) -> None:
+    assert http.error_response("no", code).headers["Connection"] == "close"
+
+
+@pytest.mark.parametrize("code", [400, 404, 405, 409, 412, 430, 500])
+def test_other_errors_keep_the_connection(code: int) -> None:
+    assert "Connection" not in http.error_response("no", code).headers
+
+
+def test_the_warning_of_skipped_objects_names_the_class(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = status_sync_request(gpuclass("l40s"), nodes=[node("bad", gpus="x")])
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        post(client, "/status/sync", request)
+    [warning] = [r for r in caplog.records if r.getMessage() == "skipped unreadable objects"]
+    assert warning.fields["class"] == "l40s"  # type: ignore[attr-defined]
+    assert warning.fields["route"] == "/status/sync"  # type: ignore[attr-defined]
+
+
+def test_the_default_clock_is_utc_whatever_the_machines_zone(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours from UTC
+    time.tzset()
+    try:
+        client = create_app(settings).test_client()
+        answer = post(client, "/status/sync", status_sync_request(gpuclass("l40s"))).json
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    stamps = {c["lastTransitionTime"] for c in answer["status"]["conditions"]}
+    now = datetime.now(UTC)
+    for stamp in stamps:
+        assert abs(datetime.fromisoformat(stamp.replace("Z", "+00:00")) - now) < timedelta(
+            minutes=5
+        )

@@ -10,7 +10,7 @@ import pytest
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from hooks.app import create_app
+from hooks.app import create_app, stale_after_seconds
 from hooks.metrics import Metrics
 from hooks.ops import metrics_routes
 from hooks.settings import Settings
@@ -309,3 +309,21 @@ def test_the_documented_metrics_are_the_exported_ones(
             label for label in label_names.split(",") if label
         ]
     assert documented == exported
+
+
+def test_license_series_go_when_gpu_features_are_disabled(
+    settings: Settings, metrics: Metrics
+) -> None:
+    request = license_sync_request(
+        licensed_class(), secrets=[source_secret()], namespaces=[namespace("a")]
+    )
+    create_app(settings, metrics=metrics).test_client().post("/license/sync", json=request)
+    assert series(scrape(metrics), "cozystack_gpu_class_license_copies")
+    off = create_app(settings.model_copy(update={"enabled": False}), metrics=metrics)
+    off.test_client().post("/license/sync", json=request)
+    assert series(scrape(metrics), "cozystack_gpu_class_license_copies") == {}
+
+
+def test_class_series_outlive_three_status_resyncs() -> None:
+    assert stale_after_seconds(Settings(status_resync_seconds=60)) == 180
+    assert stale_after_seconds(Settings(status_resync_seconds=20)) == 60

@@ -282,6 +282,9 @@ def test_json_and_yaml_carry_the_same_content_and_never_the_token() -> None:
         ("\n  [1]", "expected Kubernetes objects, found int"),
         ("[1,]", "not JSON or YAML: Expecting value: line 1 column 4 (char 3)"),
         ("kind: Node\nmetadata: {}\n", "an object has no kind, apiVersion or metadata.name"),
+        ("apiVersion: v1\nkind: Node\nmetadata: {}\n", "an object has no kind, apiVersion or"),
+        ("apiVersion: v1\nkind: Node\nmetadata: []\n", "an object has no kind, apiVersion or"),
+        ("kind: List\nitems:\n- {}\n", "an object has no kind, apiVersion or metadata.name"),
     ],
     ids=[
         "missing",
@@ -293,6 +296,9 @@ def test_json_and_yaml_carry_the_same_content_and_never_the_token() -> None:
         "json-ints",
         "json-list",
         "nameless",
+        "no-name",
+        "metadata-list",
+        "list-item",
     ],
 )
 def test_unreadable_input_exits_2_with_one_line_naming_the_file(
