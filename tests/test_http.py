@@ -214,13 +214,24 @@ def test_a_body_past_its_deadline_is_a_408_naming_the_settings(
         "wsgi.input": Trickle(0.2 + http.CUT_AFTER_SECONDS + 0.3),
         "CONTENT_LENGTH": "100",
     }
+    ours, theirs = socket.socketpair()
     if connection:
-        environ["gunicorn.socket"] = socket.socket()  # never connected: shutting it fails
+        environ["gunicorn.socket"] = ours
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
         response = client.post("/status/sync", environ_overrides=environ)
     if connection:
-        environ["gunicorn.socket"].close()
+        ours.settimeout(0.5)
+        assert ours.recv(1) == b""  # its read side was shut
+        unconnected = socket.socket()  # shutting one that is not connected fails, harmlessly
+        environ["gunicorn.socket"] = unconnected
+        with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+            assert client.post("/status/sync", environ_overrides=environ).status_code == 408
+        unconnected.close()
+    ours.close()
+    theirs.close()
     assert response.status_code == 408, response.json
+    [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"][:1]  # type: ignore[attr-defined]
+    assert (call["outcome"], call["error"]) == ("refused", "Request Timeout")
     assert response.json == {
         "error": f"the request body did not arrive within {fast.body_deadline_seconds(100):g} s "
         "(GPUCLASS_BODY_TIMEOUT_SECONDS, GPUCLASS_BODY_MIN_BYTES_PER_SECOND)"

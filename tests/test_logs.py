@@ -75,6 +75,7 @@ def test_one_json_line_per_hook_call_with_the_fields_that_explain_it(
     assert (status_call["class"], status_call["copies"], status_call["conflicts"]) == ("l40s", 2, 0)
     assert {"copies", "new_copies", "conflicts"} <= set(license_call)
     assert (broken["code"], broken["outcome"]) == (400, "bad_request")
+    assert broken["error"] == "request body is not valid JSON"
     [warning] = [line for line in lines if line["level"] == "warning"]
     assert warning["objects"] == [
         "Node bad: allocatable nvidia.com/NVIDIA_L40S-24Q: not a quantity"

@@ -25,6 +25,7 @@ from hooks.memory import (
     budget_for_limit,
     configured_budget,
     container_memory_limit,
+    memory_budget,
 )
 from hooks.metrics import Metrics
 from hooks.settings import Settings
@@ -442,3 +443,18 @@ def test_a_call_that_waited_its_whole_time_says_its_share_and_how_long() -> None
     assert isinstance(refused, TimedOut)
     # started at 1000.5; 0.5 s left at 1001.0, none at 1001.5: refused then, told 1.5 s
     assert (refused.share, refused.waited) == (30, 1.5)
+
+
+def test_the_services_budget_waits_as_long_as_the_settings_say() -> None:
+    memory = memory_budget(Settings(memory_budget_bytes=100 * MIB, memory_wait_seconds=7))
+    assert memory is not None
+    assert (memory.budget_bytes, memory.max_wait_seconds) == (100 * MIB, 7)
+
+
+@pytest.mark.parametrize(("value", "limit"), [(2**62 - 1, 2**62 - 1), (2**62, None)])
+def test_a_cgroup_v1_limit_from_two_to_the_62_is_no_limit(
+    tmp_path: Path, value: int, limit: int | None
+) -> None:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text(f"{value}\n")
+    assert container_memory_limit(tmp_path) == limit
