@@ -49,6 +49,16 @@ def plain(state: ops.ServiceState, metrics: Metrics) -> Iterator[tuple[str, str]
     yield from started(Settings(), state, metrics)
 
 
+def tls_settings(tmp_path: Path) -> tuple[Settings, Path]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    chain, key, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    cert.cert_chain_pems[0].write_to_path(str(chain))
+    cert.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    return Settings(tls_cert_file=chain, tls_key_file=key), ca_file
+
+
 def test_health_answers_up_and_ready_until_the_drain(
     plain: tuple[str, str], state: ops.ServiceState
 ) -> None:
@@ -97,14 +107,9 @@ def test_metrics_can_require_the_hooks_token(
 def test_metrics_speak_the_hooks_tls_and_probes_stay_plain(
     tmp_path: Path, state: ops.ServiceState, metrics: Metrics
 ) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    chain, key, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
-    cert.cert_chain_pems[0].write_to_path(str(chain))
-    cert.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(ca_file))
+    tls, ca_file = tls_settings(tmp_path)
     # a client CA on the hooks (Metacontroller's mTLS) asks nothing of Prometheus or kubelet
-    settings = Settings(tls_cert_file=chain, tls_key_file=key, tls_client_ca_file=ca_file)
+    settings = tls.model_copy(update={"tls_client_ca_file": ca_file})
     for health, scrape in started(settings, state, metrics):
         assert scrape.startswith("https://")
         assert requests.get(f"{scrape}/metrics", verify=str(ca_file), timeout=5).status_code == 200
@@ -158,16 +163,6 @@ def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
     assert isinstance(context, ssl.SSLContext)
     assert context.protocol == ssl.PROTOCOL_TLS_SERVER
     assert context.verify_mode == ssl.CERT_NONE  # no client certificate asked of scrapers
-
-
-def tls_settings(tmp_path: Path) -> tuple[Settings, Path]:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    chain, key, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
-    cert.cert_chain_pems[0].write_to_path(str(chain))
-    cert.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(ca_file))
-    return Settings(tls_cert_file=chain, tls_key_file=key), ca_file
 
 
 def test_every_answer_is_json_with_its_exact_body_and_length(
