@@ -441,52 +441,29 @@ def test_each_review_logs_one_line_with_its_verdict_and_what_it_read(
     for call in calls:
         assert call.pop("body_bytes") > 0
     assert calls == [
-        {
-            "route": "/admit/gpu-budget",
-            "outcome": "allowed",
-            "allowed": True,
-            "kind": "VMInstance",
-            "namespace": "tenant-c",
-            "name": "ok",
-            "operation": "CREATE",
-            "read_inputs": True,
-            "code": 200,
-        },
-        {
-            "route": "/admit/gpu-budget",
-            "outcome": "denied",
-            "allowed": False,
-            "kind": "VMInstance",
-            "namespace": "tenant-a",
-            "name": "big",
-            "operation": "UPDATE",
-            "read_inputs": True,
-            "code": 200,
-        },
-        {
-            "route": "/admit/gpu-budget",
-            "outcome": "denied",
-            "allowed": False,
-            "kind": "VMInstance",
-            "namespace": "tenant-a",
-            "name": "bad",
-            "operation": "CREATE",
-            "read_inputs": True,
-            "code": 200,
-        },
+        reviewed("/admit/gpu-budget", True, "VMInstance", "tenant-c", "ok", "CREATE"),
+        reviewed("/admit/gpu-budget", False, "VMInstance", "tenant-a", "big", "UPDATE"),
+        reviewed("/admit/gpu-budget", False, "VMInstance", "tenant-a", "bad", "CREATE"),
         {"route": "/admit/gpu-budget", "outcome": "denied", "allowed": False, "code": 200},
-        {
-            "route": "/admit/tenant-gpu-keys",
-            "outcome": "allowed",
-            "allowed": True,
-            "kind": "Tenant",
-            "namespace": "tenant-c",
-            "name": "d",
-            "operation": "CREATE",
-            "read_inputs": True,
-            "code": 200,
-        },
+        reviewed("/admit/tenant-gpu-keys", True, "Tenant", "tenant-c", "d", "CREATE"),
     ]
+
+
+def reviewed(
+    route: str, allowed: bool, kind: str, namespace: str, name: str, operation: str
+) -> dict[str, Any]:
+    """The log line of a review that read its inputs and was answered 200."""
+    return {
+        "route": route,
+        "outcome": "allowed" if allowed else "denied",
+        "allowed": allowed,
+        "kind": kind,
+        "namespace": namespace,
+        "name": name,
+        "operation": operation,
+        "read_inputs": True,
+        "code": 200,
+    }
 
 
 @pytest.mark.parametrize("route", ["/admit/gpu-budget", "/admit/tenant-gpu-keys"])
