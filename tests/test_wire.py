@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+from unittest import mock
 
+import msgspec
+import pytest
+
+from hooks.wire.admission import decode_review
 from hooks.wire.metacontroller import (
     GPUCLASSES,
     NODES,
@@ -14,6 +19,8 @@ from hooks.wire.metacontroller import (
     decode_decorator_sync,
     decode_envelope,
 )
+from hooks.wire.names import is_label_value
+from hooks.wire.problems import BadRequest, Undecodable, decoded, decoder_for
 from tests.builders import (
     gpuclass,
     license_sync_request,
@@ -34,6 +41,19 @@ def test_one_typed_pass_equals_object_by_object_decoding() -> None:
     slow = _decode_groups(decode_envelope(body, CompositeSyncRequest).related)
     assert dict(fast.related) == slow
     assert [n.metadata.name for n in fast.related[NODES].objects] == ["n1", "n2"]
+
+
+def test_a_valid_request_is_decoded_in_one_pass_never_again_object_by_object() -> None:
+    """The second pass is what a large request must not cost when every object fits."""
+    composite = status_sync_request(gpuclass("a"), nodes=[node("n1")], pods=[pod("p")])
+    decorator = license_sync_request(
+        licensed_class(), secrets=[], namespaces=[namespace("a")], attachments=[]
+    )
+    with mock.patch(
+        "hooks.wire.metacontroller.decode_envelope", side_effect=AssertionError("a second pass")
+    ):
+        assert decode_composite_sync(json.dumps(composite).encode()).related[NODES].objects
+        assert decode_decorator_sync(json.dumps(decorator).encode()).related
 
 
 def test_one_bad_object_falls_back_and_keeps_the_others() -> None:
@@ -78,3 +98,51 @@ def test_a_denial_message_is_cut_to_its_bound_and_no_shorter() -> None:
     assert message(at_bound) == at_bound
     over = message("y" * (MAX_MESSAGE + 1))
     assert len(over) == MAX_MESSAGE and over == "y" * (MAX_MESSAGE - 1) + "…"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}',
+            "AdmissionReview has no request",
+        ),
+        (
+            b'{"apiVersion": "v1", "kind": "AdmissionReview", "request": {"uid": "u"}}',
+            "not an admission.k8s.io/v1 AdmissionReview",
+        ),
+        (
+            b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}',
+            "invalid AdmissionReview: request: object missing required field uid",
+        ),
+        (b"{", "request body is not valid JSON"),
+    ],
+)
+def test_an_unusable_review_is_refused_in_words_that_name_what_is_wrong(
+    body: bytes, problem: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        decode_review(body)
+    assert str(refused.value) == problem
+
+
+class _Shaped(msgspec.Struct):
+    X: list[int] | None = None  # a name made of the letters the path is trimmed of
+
+
+def test_a_field_problem_names_the_field_whole_and_each_allowed_type_in_words() -> None:
+    with pytest.raises(Undecodable) as problem:
+        decoded(decoder_for(_Shaped), b'{"X": "s"}')
+    assert str(problem.value) == "X: expected a list or null, got a string"
+
+
+def test_a_problem_at_the_top_level_is_the_reason_alone() -> None:
+    with pytest.raises(Undecodable) as problem:
+        decoded(decoder_for(_Shaped), b"5")
+    assert str(problem.value) == "expected a map, got an integer"
+
+
+def test_a_label_value_is_at_most_63_characters_and_may_be_empty() -> None:
+    assert is_label_value("a" * 63) and is_label_value("") and is_label_value("A.b_c-9")
+    assert not is_label_value("a" * 64)
+    assert not is_label_value("-a") and not is_label_value("a_")

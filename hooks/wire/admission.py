@@ -54,7 +54,7 @@ def decode_review(body: bytes) -> AdmissionRequest:
 MAX_MESSAGE = 1_000
 
 
-def review_response(uid: str, allowed: bool, message: str = "") -> dict[str, Any]:
+def review_response(uid: str, allowed: bool, message: str) -> dict[str, Any]:
     """The answer: HTTP 200 always; a denial carries code 403 and a message a tenant can act on."""
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:

@@ -21,6 +21,7 @@ def is_dns_subdomain(name: str) -> bool:
 
 
 def is_label_value(value: str) -> bool:
+    """A label value: at most 63 characters, possibly empty; the license copies' class label."""
     return len(value) <= 63 and _LABEL_VALUE.match(value) is not None
 
 
