@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,23 +21,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--image-base", help="the PYTHON_IMAGE the image was built on")
 
 
-# The test files whose tests take seconds each (property tests over whole clusters, processes
-# forked apart, live servers). mutmut runs a mutant's tests with -x in no fixed order; run these
-# last, so that a mutant a unit test kills costs that unit test, not a second of each of these.
-SLOW_FILES = (
-    "rules/test_budget_invariant.py",
-    "test_apart.py",
-    "test_plan.py",
-    "test_hostile.py",
-    "test_memory.py",
-    "test_check.py",
-)
+def fastest_first(items: list[pytest.Item]) -> None:
+    """Under mutation testing, the fastest tests first. mutmut runs a mutant's tests with -x in no
+    fixed order, so a mutant that a unit test kills would otherwise also pay for seconds of
+    property tests and forked processes. The durations are the ones mutmut measured, in the
+    directory it runs the tests from; without them the order stays."""
+    try:
+        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return
+    items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for the control plane needs the tools, however it is declared; tests/image
-    runs only when given an image (`make image-test`), never in `make test`. Under mutation
-    testing the slow files' tests run after the others."""
+    runs only when given an image (`make image-test`), never in `make test`."""
     if config.getoption("--image") is None:
         image_tests = Path(__file__).parent / "image"
         left_out = [item for item in items if image_tests in item.path.parents]
@@ -47,9 +46,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)
     if os.environ.get("MUTANT_UNDER_TEST"):
-        tests = Path(__file__).parent
-        slow = {tests / name for name in SLOW_FILES}
-        items.sort(key=lambda item: item.path in slow)
+        fastest_first(items)
 
 
 @pytest.fixture

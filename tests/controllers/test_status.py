@@ -142,10 +142,11 @@ def test_zero_free_units_do_not_make_a_class_unready() -> None:
 
 
 def test_invalid_spec_gets_only_ready_false_invalid_spec() -> None:
-    response = run(status_sync_request(gpuclass("broken", resource=None)))
-    assert [(c["type"], c["status"], c["reason"]) for c in response["status"]["conditions"]] == [
-        ("Ready", "False", "InvalidSpec")
-    ]
+    response = run(status_sync_request(gpuclass("broken", resource=None, generation=4)))
+    assert [
+        (c["type"], c["status"], c["reason"], c["observedGeneration"])
+        for c in response["status"]["conditions"]
+    ] == [("Ready", "False", "InvalidSpec", 4)]
     assert "spec.resourceName" in response["status"]["conditions"][0]["message"]
     assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (0, 0)
 
