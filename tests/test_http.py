@@ -202,6 +202,63 @@ class Trickle:
         return b"{"
 
 
+class Late:
+    """A body that arrives whole, after a wait."""
+
+    def __init__(self, body: bytes, wait_seconds: float) -> None:
+        self.body, self.wait_seconds = body, wait_seconds
+
+    def read(self, size: int = -1) -> bytes:
+        time.sleep(self.wait_seconds)
+        body, self.body = self.body, b""
+        return body
+
+
+class Watched:
+    """A body that arrives at once, noting the connection's timeout while it is read."""
+
+    def __init__(self, body: bytes, connection: socket.socket) -> None:
+        self.body, self.connection = body, connection
+        self.timeouts: list[float | None] = []
+
+    def read(self, size: int = -1) -> bytes:
+        self.timeouts.append(self.connection.gettimeout())
+        body, self.body = self.body, b""
+        return body
+
+
+def test_a_body_that_arrives_late_but_within_its_deadline_is_served(settings: Settings) -> None:
+    """The connection is cut only a moment after the deadline, never before it."""
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    patient = settings.model_copy(update={"body_timeout_seconds": http.CUT_AFTER_SECONDS + 0.5})
+    wait = patient.body_deadline_seconds(len(body)) - 0.5 * http.CUT_AFTER_SECONDS
+    environ = {"wsgi.input": Late(body, wait), "CONTENT_LENGTH": str(len(body))}
+    response = create_app(patient).test_client().post("/status/sync", environ_overrides=environ)
+    assert response.status_code == 200, response.json
+
+
+def test_the_connection_times_out_at_the_body_deadline_and_gets_its_own_timeout_back(
+    settings: Settings,
+) -> None:
+    """The socket's timeout is what ends a stalled body on time; after the body, gunicorn's
+    keep-alive timeout is the connection's again."""
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    ours, theirs = socket.socketpair()
+    ours.settimeout(7.0)
+    watched = Watched(body, ours)
+    environ = {"wsgi.input": watched, "CONTENT_LENGTH": str(len(body)), "gunicorn.socket": ours}
+    response = create_app(settings).test_client().post("/status/sync", environ_overrides=environ)
+    try:
+        assert response.status_code == 200, response.json
+        deadline = settings.body_deadline_seconds(len(body))
+        assert watched.timeouts
+        assert all(timeout == pytest.approx(deadline) for timeout in watched.timeouts)
+        assert ours.gettimeout() == 7.0
+    finally:
+        ours.close()
+        theirs.close()
+
+
 @pytest.mark.parametrize("connection", [False, True], ids=["no-socket", "socket"])
 def test_a_body_past_its_deadline_is_a_408_naming_the_settings(
     settings: Settings, caplog: pytest.LogCaptureFixture, connection: bool

@@ -644,7 +644,7 @@ def keeps_pool_keys(review: DeclarationReview) -> Verdict | None:
     """A bounded tenant keeps every budget key of its pool that it validly declared; becoming
     unbounded altogether returns its whole sub-tree to the pool and is allowed."""
     new, old, pool = review.new, review.old, review.pool
-    if pool is None or not new.bounded or not review.was_bounded or old is None:
+    if pool is None or not new.bounded or old is None or not old.bounded:
         return None
     dropped = sorted(k for k in review.budget if old.declares(k) and k not in new.declaration)
     if not dropped:

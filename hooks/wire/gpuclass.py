@@ -111,7 +111,7 @@ def parse_spec(raw: msgspec.Raw) -> ClassSpec:
     try:
         return ClassSpec.model_validate_json(bytes(raw))
     except pydantic.ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
+        first = error.errors()[0]  # its location and message only: never the value
         location = "spec" + "".join(
             f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]
         )

@@ -735,6 +735,23 @@ def test_the_floor_fails_closed_only_when_a_declaration_is_new_or_lowered() -> N
     assert declare({TOTAL_KEY: 4, "requests.cpu": 2}).allowed is True  # unchanged: no floor
 
 
+def test_bounding_a_key_is_refused_while_a_bounded_sub_tenant_leaves_it_out() -> None:
+    before = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    tenants = [root(), before, tenant("tenant-a", "b", {TOTAL_KEY: 1})]
+    verdict = check_declaration(
+        new=tenant("tenant-root", "a", {TOTAL_KEY: 4, L40S_KEY: 2}),
+        old=before,
+        apps=[],
+        tenants=tenants,
+        classes=CLASSES,
+    )
+    assert verdict == Verdict(
+        False,
+        f"{L40S_KEY}: tenant a declares this key, but its sub-tenant b (tenant-a-b) does not and "
+        "would escape it: declare it there first (0 is allowed)",
+    )
+
+
 def test_a_sub_tenant_that_declares_the_key_does_not_hold_its_parent_back() -> None:
     tenants = [
         tenant("tenant-root", "a", {"requests.cpu": 1}),
