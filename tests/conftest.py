@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,16 +22,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--image-base", help="the PYTHON_IMAGE the image was built on")
 
 
-def fastest_first(items: list[pytest.Item]) -> None:
+def measured_durations() -> dict[str, float]:
+    """The duration of each test as mutmut measured it unmutated, in the directory it runs the
+    tests from; empty anywhere else."""
+    try:
+        durations: dict[str, float] = json.loads(Path("mutmut-stats.json").read_text())[
+            "duration_by_test"
+        ]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return durations
+
+
+def fastest_first(items: list[pytest.Item], durations: dict[str, float]) -> None:
     """Under mutation testing, the fastest tests first. mutmut runs a mutant's tests with -x in no
     fixed order, so a mutant that a unit test kills would otherwise also pay for seconds of
-    property tests and forked processes. The durations are the ones mutmut measured, in the
-    directory it runs the tests from; without them the order stays."""
-    try:
-        durations = json.loads(Path("mutmut-stats.json").read_text())["duration_by_test"]
-    except (OSError, ValueError, KeyError):
-        return
+    property tests and forked processes."""
     items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
+
+
+class RanTooLong(Exception):
+    """A test under a mutant ran far past what it took unmutated."""
+
+
+# mutmut stops a mutant's run only after CPU time, which a test that waits for ever (a mutant that
+# never rings an alarm, never sets an event) does not use: such a worker would be lost for the
+# rest of the run. A test may take this many times its unmutated duration, plus the margin.
+MUTANT_TEST_FACTOR, MUTANT_TEST_MARGIN_SECONDS = 5, 15.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under mutation testing, a test that runs far too long fails, which kills its mutant."""
+    limit = item.stash.get(MUTANT_TEST_LIMIT, None)
+    if limit is None:
+        yield
+        return
+
+    def ran_too_long(signum: int, frame: object) -> None:
+        raise RanTooLong(f"{item.nodeid} ran past {limit:.0f} s under a mutant")
+
+    previous = signal.signal(signal.SIGALRM, ran_too_long)
+    signal.setitimer(signal.ITIMER_REAL, limit, 1.0)  # again each second, until the test ends
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+MUTANT_TEST_LIMIT = pytest.StashKey[float]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,7 +87,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)
     if os.environ.get("MUTANT_UNDER_TEST"):
-        fastest_first(items)
+        durations = measured_durations()
+        fastest_first(items, durations)
+        for item in items:
+            if item.nodeid in durations:
+                limit = MUTANT_TEST_FACTOR * durations[item.nodeid] + MUTANT_TEST_MARGIN_SECONDS
+                item.stash[MUTANT_TEST_LIMIT] = limit
 
 
 @pytest.fixture

@@ -140,7 +140,9 @@ def test_when_the_head_of_the_line_gives_up_the_next_is_admitted_at_once() -> No
 
     head = threading.Thread(target=call, args=("head", 10 * KIB))  # 15 KiB: does not fit
     head.start()
+    deadline = time.monotonic() + 5
     while memory.waiting < 1:
+        assert time.monotonic() < deadline, "the head of the line never waited"
         time.sleep(0.005)
     time.sleep(0.2)
     nxt = threading.Thread(target=call, args=("next", 2 * KIB))  # 3 KiB: fits, waits its turn
