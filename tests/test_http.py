@@ -215,15 +215,18 @@ class Late:
 
 
 class Watched:
-    """A body that arrives at once, noting the connection's timeout while it is read."""
+    """A body that arrives at once, noting the connection's timeout while it is read; closing
+    the connection after it when told to."""
 
-    def __init__(self, body: bytes, connection: socket.socket) -> None:
-        self.body, self.connection = body, connection
+    def __init__(self, body: bytes, connection: socket.socket, close_after: bool = False) -> None:
+        self.body, self.connection, self.close_after = body, connection, close_after
         self.timeouts: list[float | None] = []
 
     def read(self, size: int = -1) -> bytes:
         self.timeouts.append(self.connection.gettimeout())
         body, self.body = self.body, b""
+        if self.close_after:
+            self.connection.close()
         return body
 
 
@@ -257,6 +260,19 @@ def test_the_connection_times_out_at_the_body_deadline_and_gets_its_own_timeout_
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_connection_closed_once_its_body_has_arrived_still_gets_the_answer_computed(
+    settings: Settings,
+) -> None:
+    """Giving the connection its timeout back is best effort: a socket already closed is left."""
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    ours, theirs = socket.socketpair()
+    watched = Watched(body, ours, close_after=True)
+    environ = {"wsgi.input": watched, "CONTENT_LENGTH": str(len(body)), "gunicorn.socket": ours}
+    response = create_app(settings).test_client().post("/status/sync", environ_overrides=environ)
+    theirs.close()
+    assert response.status_code == 200, response.json
 
 
 @pytest.mark.parametrize("connection", [False, True], ids=["no-socket", "socket"])
