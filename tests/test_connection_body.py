@@ -93,6 +93,40 @@ def test_a_body_gunicorn_began_to_read_is_read_through_gunicorn() -> None:
             assert begun + read_body(990, 5) == body
 
 
+class OlderUnreader:
+    """gunicorn's unreader as a gunicorn without one of the methods the connection's reading
+    needs would have it."""
+
+    def __init__(self, unreader: Any, missing: str) -> None:
+        self._unreader, self._missing = unreader, missing
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._missing:
+            raise AttributeError(name)
+        return getattr(self._unreader, name)
+
+
+@pytest.mark.parametrize("missing", ["take_buffered", "unread"])
+def test_a_gunicorn_without_what_the_connection_needs_is_read_through_its_stream(
+    missing: str,
+) -> None:
+    body = os.urandom(1000)
+    with gunicorn_request(request_bytes("/older", body)) as (request, parser, _):
+        reader = request.body.reader
+        reader.unreader = OlderUnreader(reader.unreader, missing)
+        through_stream = []
+        stream_read = request.body.read
+
+        def read(size: int = -1) -> bytes:
+            through_stream.append(size)
+            return bytes(stream_read(size))
+
+        request.body.read = read
+        with served(request, parser.unreader.sock, 1000):
+            assert read_body(1000, 5) == body
+    assert through_stream
+
+
 def test_a_client_gone_mid_body_leaves_gunicorn_nothing_to_parse() -> None:
     size = SIZES[-1]
     sent = request_bytes("/cut", os.urandom(size))[: -size // 2]
