@@ -348,15 +348,19 @@ def test_other_errors_keep_the_connection(code: int) -> None:
     assert "Connection" not in http.error_response("no", code).headers
 
 
-def test_the_warning_of_skipped_objects_names_the_class(
-    client: FlaskClient, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("apart_from_bytes", [None, 0], ids=["in-thread", "apart"])
+def test_the_warning_of_skipped_objects_names_the_class_and_route(
+    settings: Settings, caplog: pytest.LogCaptureFixture, apart_from_bytes: int | None
 ) -> None:
+    client = create_app(settings, apart_from_bytes=apart_from_bytes).test_client()
     request = status_sync_request(gpuclass("l40s"), nodes=[node("bad", gpus="x")])
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
         post(client, "/status/sync", request)
     [warning] = [r for r in caplog.records if r.getMessage() == "skipped unreadable objects"]
     assert warning.fields["class"] == "l40s"  # type: ignore[attr-defined]
     assert warning.fields["route"] == "/status/sync"  # type: ignore[attr-defined]
+    [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+    assert call.get("computed_apart", False) is (apart_from_bytes is not None)
 
 
 def test_the_default_clock_is_utc_whatever_the_machines_zone(
