@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from werkzeug.exceptions import BadRequest
 
 from hooks.app import create_app
 from hooks.logs import LOGGER, JsonFormatter, configure, log
@@ -216,3 +218,34 @@ def test_each_hook_call_logs_exactly_its_facts(
     [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
     assert call.pop("duration_ms") >= 0
     assert call == {"route": route, **EXAMPLE_LINES[route], "body_bytes": len(body), "code": 200}
+
+
+def test_a_400_answered_outside_any_hook_is_logged_as_refused_with_its_reason(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(settings)
+
+    @app.post("/test/bad-request")
+    def bad_request() -> None:
+        raise BadRequest("no such thing")
+
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        assert app.test_client().post("/test/bad-request").status_code == 400
+    [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+    assert (call["code"], call["outcome"], call["error"]) == (400, "refused", "no such thing")
+
+
+def test_a_call_logs_how_long_it_took_from_its_start_in_milliseconds_to_a_tenth(
+    settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readings = iter([10.0])  # the call's start; every reading after it is 12.34 ms later
+
+    def perf_counter() -> float:
+        return next(readings, 10.01234)
+
+    monkeypatch.setattr(time, "perf_counter", perf_counter)
+    client = create_app(settings).test_client()
+    with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+        client.post("/status/customize", data=example_of("/status/customize"))
+    [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+    assert call["duration_ms"] == 12.3
