@@ -118,12 +118,12 @@ class ReleaseSource(Protocol):
         ...
 
 
-def _key(obj: Tenant | App) -> tuple[str, str, str]:
-    """A release is itself wherever it is listed from: its namespace and name. (A release not
-    even those could be read of is known only by what was wrong.)"""
+def _key(obj: Tenant | App) -> tuple[str, str]:
+    """A release is itself wherever it is listed from: its namespace and name, which the API
+    server gives every object it lists."""
     if isinstance(obj, Tenant):
-        return (obj.release_namespace, obj.release, "" if obj.release else obj.unreadable or "")
-    return (obj.namespace, obj.release, "" if obj.release else obj.unreadable or "")
+        return (obj.release_namespace, obj.release)
+    return (obj.namespace, obj.release)
 
 
 def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
