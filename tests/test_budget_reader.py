@@ -242,6 +242,41 @@ def test_a_namespace_whose_parent_cannot_exist_reads_no_list_there() -> None:
     assert source.read == ["tenant-root: root", "tenant-root: unnamed", "tenant--x"]
 
 
+class Releases:
+    """A release source of Tenant releases in tenant-root, some with no name label."""
+
+    def __init__(self, labelled: list[Tenant], unlabelled: list[Tenant]) -> None:
+        self.labelled, self.unlabelled = labelled, unlabelled
+        self.read: list[str] = []
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
+        self.read.append(f"{release_namespace}: {','.join(names)}")
+        return [t for t in self.labelled if t.release_namespace == release_namespace]
+
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
+        self.read.append(f"{release_namespace}: unnamed")
+        return [t for t in self.unlabelled if t.release_namespace == release_namespace]
+
+    def namespace(self, namespace: str) -> list[Tenant | App]:
+        self.read.append(namespace)
+        return []
+
+
+def test_a_tenant_labelled_only_on_another_release_is_looked_for_among_the_unlabelled() -> None:
+    """`x-old` says it is tenant x, but tenant x's own release is `tenant-x`: it may be there
+    without its label, so the unlabelled releases are read too."""
+    old = Tenant("tenant-root", "x", {TOTAL_KEY: 1}, release="x-old")
+    own = Tenant("tenant-root", "x", {TOTAL_KEY: 2}, release="tenant-x")
+    root = Tenant("tenant-root", "root", {}, release="tenant-root")
+    source = Releases(labelled=[root, old], unlabelled=[own])
+    tenancy = scoped_tenancy(source, ["tenant-x"])
+    assert "tenant-root: unnamed" in source.read
+    assert {t.release for t in tenancy.tenants} == {"tenant-root", "x-old", "tenant-x"}
+    canonical = Releases(labelled=[root, own], unlabelled=[])
+    scoped_tenancy(canonical, ["tenant-x"])
+    assert "tenant-root: unnamed" not in canonical.read  # its own release was found by label
+
+
 # The cost contract: a review reads the owners of its namespace and its own pool, which stops at
 # bounded sub-tenants (each its own pool) and goes through unbounded ones.
 TREE = [
