@@ -327,3 +327,16 @@ def test_license_series_go_when_gpu_features_are_disabled(
 def test_class_series_outlive_three_status_resyncs() -> None:
     assert stale_after_seconds(Settings(status_resync_seconds=60)) == 180
     assert stale_after_seconds(Settings(status_resync_seconds=20)) == 60
+
+
+def test_counters_of_known_outcomes_are_exported_at_zero_before_the_first(metrics: Metrics) -> None:
+    """A first increase is then a rate like any other, not a series appearing, which rate() and
+    the alerts cannot see."""
+    samples = scrape(metrics)
+    assert series(samples, "cozystack_gpu_hook_memory_refused_total") == {
+        labels(code="413"): 0.0,
+        labels(code="429"): 0.0,
+    }
+    assert series(samples, "cozystack_gpu_budget_reviews_total") == {
+        labels(verdict=verdict): 0.0 for verdict in ("allowed", "denied", "failed_closed")
+    }

@@ -790,3 +790,15 @@ def test_a_vm_and_a_worker_pool_of_one_name_each_reserve() -> None:
     assert not admit(grown_vm, apps, tenants, old=apps[0])[0]
     grown_pool = pool("tenant-a", "x", L40S, max_replicas=3)
     assert not admit(grown_pool, apps, tenants, old=apps[1])[0]
+
+
+def test_a_declaration_fails_closed_while_an_unplaced_release_could_own_its_namespace() -> None:
+    """tenant-a has no placed owner, and a release in tenant-root says not which tenant it is:
+    it could be tenant a, bounded, and so the pool b carves out of."""
+    legacy = Tenant("tenant-root", None, {}, unreadable="HelmRelease tenant-root/legacy: no name")
+    new = tenant("tenant-a", "b", {TOTAL_KEY: 1})
+    assert gate(new, [root(), legacy]) == (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-root/legacy: no name",
+    )
+    assert gate(new, [root(), tenant("tenant-root", "a"), legacy]) == (True, "")  # a is placed
