@@ -802,3 +802,26 @@ def test_a_declaration_fails_closed_while_an_unplaced_release_could_own_its_name
         "GPU budget check failed closed: HelmRelease tenant-root/legacy: no name",
     )
     assert gate(new, [root(), tenant("tenant-root", "a"), legacy]) == (True, "")  # a is placed
+
+
+def release_of(app: App, release: str, unreadable: str | None = None) -> App:
+    return replace(app, release=release, unreadable=unreadable)
+
+
+def test_an_app_several_releases_store_fails_closed_naming_the_first_two_in_a_pool() -> None:
+    new = vm("tenant-a", "v", L40S)
+    stored = [release_of(new, name) for name in ("vm-instance-v", "v-copy", "v-old")]
+    tenants = [root(gpuclass__cozystack__io__devices=4)]
+    verdict = check_app(new=new, old=None, apps=stored, tenants=tenants, classes=CLASSES)
+    assert verdict == Verdict(
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-a/v-copy and "
+        "HelmRelease tenant-a/v-old both store VMInstance v",
+    )
+
+
+def test_without_a_pool_every_release_storing_the_app_is_read_and_its_problems_logged() -> None:
+    new = vm("tenant-a", "v", L40S)
+    stored = [release_of(new, "vm-instance-v"), release_of(new, "v-old", "v-old: unreadable")]
+    verdict = check_app(new=new, old=None, apps=stored, tenants=[root()], classes=CLASSES)
+    assert verdict == Verdict(True, "", skipped=("v-old: unreadable",))
