@@ -825,3 +825,21 @@ def test_without_a_pool_every_release_storing_the_app_is_read_and_its_problems_l
     stored = [release_of(new, "vm-instance-v"), release_of(new, "v-old", "v-old: unreadable")]
     verdict = check_app(new=new, old=None, apps=stored, tenants=[root()], classes=CLASSES)
     assert verdict == Verdict(True, "", skipped=("v-old: unreadable",))
+
+
+@pytest.mark.parametrize(
+    ("declared_in", "unplaced_in"),
+    [
+        ("tenant-a-b", "tenant-a"),  # owns tenant-a-b, two levels below the pool's root
+        ("tenant-a", ""),  # a release that says not even where it lives could be anywhere
+    ],
+)
+def test_every_unplaced_release_that_could_own_a_namespace_on_the_way_to_the_pool_fails_closed(
+    declared_in: str, unplaced_in: str
+) -> None:
+    unplaced = Tenant(unplaced_in, None, {}, unreadable="HelmRelease ?/legacy: no name")
+    new = tenant(declared_in, "c", {TOTAL_KEY: 1})
+    assert gate(new, [root(), unplaced]) == (
+        False,
+        "GPU budget check failed closed: HelmRelease ?/legacy: no name",
+    )
