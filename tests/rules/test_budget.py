@@ -830,7 +830,8 @@ def test_without_a_pool_every_release_storing_the_app_is_read_and_its_problems_l
 @pytest.mark.parametrize(
     ("declared_in", "unplaced_in"),
     [
-        ("tenant-a-b", "tenant-a"),  # owns tenant-a-b, two levels below the pool's root
+        ("tenant-a-b", "tenant-a"),  # could own tenant-a-b, two levels below the pool's root
+        ("tenant-a-b", "tenant-root"),  # could own tenant-a, on the way up from tenant-a-b
         ("tenant-a", ""),  # a release that says not even where it lives could be anywhere
     ],
 )
