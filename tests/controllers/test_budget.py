@@ -11,10 +11,10 @@ import msgspec
 import pytest
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
+from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, Verdict, class_key
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, decode_review
-from hooks.wire.problems import BadRequest
+from hooks.wire.problems import BadRequest, Unreadable
 from tests.builders import GPU, OTHER_GPU, admission_review, gpus
 
 CLASSES = [
@@ -87,6 +87,20 @@ def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
     assert outcome.read_inputs is True and inputs.asked == [("tenant-a",)]
     denied = review_app(vm("tenant-a", "more", GPU, GPU), inputs)
     assert denied.verdict.allowed is False and denied.read_inputs is True
+
+
+class Unlistable(Inputs):
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        super().tenancy(namespaces)
+        raise Unreadable("could not list HelmReleases (HTTP 503)")
+
+
+def test_a_review_whose_inputs_cannot_be_read_fails_closed_having_tried_to_read_them() -> None:
+    outcome = review_app(vm("tenant-a", "new", GPU), Unlistable([POOL_A]))
+    assert outcome.verdict == Verdict(
+        False, "GPU budget check failed closed: could not list HelmReleases (HTTP 503)"
+    )
+    assert (outcome.read_inputs, outcome.failed_closed) == (True, True)
 
 
 def test_a_review_that_cannot_grow_reads_nothing() -> None:

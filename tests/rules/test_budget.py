@@ -24,6 +24,7 @@ from hooks.rules.budget import (
     in_gpu_domain,
     is_budget_key,
     parent_namespace,
+    pool_may_apply,
     reservation,
     tenant_namespace,
 )
@@ -844,3 +845,26 @@ def test_every_unplaced_release_that_could_own_a_namespace_on_the_way_to_the_poo
         False,
         "GPU budget check failed closed: HelmRelease ?/legacy: no name",
     )
+
+
+def test_a_pool_may_apply_where_one_does_or_an_unplaced_release_could_make_one() -> None:
+    unplaced = Tenant("tenant-root", None, {}, unreadable="HelmRelease tenant-root/legacy: no name")
+    assert pool_may_apply([root(gpuclass__cozystack__io__devices=4)], "tenant-a")
+    assert pool_may_apply([root(), unplaced], "tenant-a")
+    assert not pool_may_apply([root()], "tenant-a")
+    assert not pool_may_apply([root(), tenant("tenant-root", "a"), unplaced], "tenant-a")
+
+
+def test_three_releases_claiming_one_tenant_fail_closed_naming_the_first_two() -> None:
+    claims = [
+        Tenant("tenant-root", "x", {TOTAL_KEY: 1}, release=release)
+        for release in ("tenant-x", "x-old", "x-copy")
+    ]
+    tenants = [root(gpuclass__cozystack__io__devices=4), *claims]
+    failed = (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-root/tenant-x and "
+        "HelmRelease tenant-root/x-copy both claim tenant namespace tenant-x",
+    )
+    assert gate(tenant("tenant-root", "x", {TOTAL_KEY: 2}), tenants) == failed
+    assert admit(vm("tenant-x", "v", L40S), [], tenants) == failed
