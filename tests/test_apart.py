@@ -306,9 +306,22 @@ def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
     started = time.monotonic()
     with pytest.raises(FailedElsewhere) as failed:
         apart.compute(hook_of(hangs), inputs(settings), no_view, iter([b"{}"]), 2, 0.5)
-    assert failed.value.error_type == "DeadlineExceeded"
+    assert (failed.value.error_type, failed.value.frames) == (
+        "DeadlineExceeded",
+        ["no answer within the hook timeout"],
+    )
     assert time.monotonic() - started < 30  # killed, not waited for
     assert hook_children() == []
+
+
+def test_past_its_deadline_the_answer_is_not_waited_for_a_moment_longer() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    started = time.monotonic()
+    with pytest.raises(FailedElsewhere):
+        apart._await_end(ours, no_view, deadline=started)
+    assert time.monotonic() - started < 0.5
+    ours.close()
+    theirs.close()
 
 
 def test_a_client_gone_mid_body_kills_the_child(settings: Settings) -> None:
@@ -332,6 +345,25 @@ def test_every_pure_hook_travels_by_reference() -> None:
 
     for hook in PURE:
         assert pickle.loads(pickle.dumps(hook)) == hook
+
+
+def test_the_child_computing_a_hook_is_named_after_it_and_ends_with_the_serving_process(
+    settings: Settings,
+) -> None:
+    """Named, it is told apart from any other child (`hook_children`); a daemon, it is ended
+    when the process that started it ends."""
+    seen: list[tuple[str, bool]] = []
+
+    class Reader:
+        def view(self) -> KubeVirtView:  # asked for by the child, mid-computation
+            seen.extend((p.name, bool(p.daemon)) for p in multiprocessing.active_children())
+            return KubeVirtAbsent("cozy-kubevirt/kubevirt")
+
+    app = create_app(settings, kubevirt=Reader(), apart_from_bytes=0)  # type: ignore[arg-type]
+    assert (
+        app.test_client().post("/status/sync", data=example_of("/status/sync")).status_code == 200
+    )
+    assert seen == [("hook /status/sync", True)]
 
 
 def test_the_reservation_is_held_while_the_child_computes(settings: Settings) -> None:
