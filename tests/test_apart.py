@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -503,3 +504,60 @@ def test_a_call_is_counted_in_progress_while_it_is_answered(settings: Settings) 
     client.post("/status/sync", data=b"{")  # a 400 is counted and uncounted too
     assert seen == [1.0]
     assert metrics.calls_in_progress._value.get() == 0.0
+
+
+class FakeChild:
+    """A child process as `_start` sees one: its start may take a while, or fail."""
+
+    def __init__(self, start_seconds: float = 0.0, error: BaseException | None = None) -> None:
+        self.start_seconds, self.error = start_seconds, error
+        self.killed = threading.Event()
+
+    def start(self) -> None:
+        time.sleep(self.start_seconds)
+        if self.error is not None:
+            raise self.error
+
+    def kill(self) -> None:
+        self.killed.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_child_the_fork_server_starts_too_late_is_given_up_then_killed() -> None:
+    late = FakeChild(start_seconds=0.3)
+    with pytest.raises(FailedElsewhere) as failed:
+        apart._start(late, time.monotonic() + 0.05)  # type: ignore[arg-type]
+    assert (failed.value.error_type, failed.value.frames) == (
+        "StartTimedOut",
+        ["the fork server did not start a child in time"],
+    )
+    assert late.killed.wait(5), "the child that started after the call gave up still runs"
+
+
+def test_a_child_that_cannot_be_started_raises_its_error_at_once() -> None:
+    started = time.monotonic()
+    with pytest.raises(OSError, match="no fork server"):
+        apart._start(FakeChild(error=OSError("no fork server")), started + 30)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+
+
+def test_a_child_dead_before_its_body_is_handed_over_is_a_failure_naming_the_hook(
+    settings: Settings,
+) -> None:
+    def the_child_killed_meanwhile() -> Iterator[bytes]:
+        [child] = [p for p in multiprocessing.active_children() if p.name.startswith("hook ")]
+        child.kill()
+        child.join(5)
+        yield b"{}"
+
+    with pytest.raises(FailedElsewhere) as failed:
+        apart.compute(
+            hook_of(digest), inputs(settings), no_view, the_child_killed_meanwhile(), 2, 30.0
+        )
+    assert (failed.value.error_type, failed.value.frames) == (
+        "ChildDied",
+        ["the process computing /status/sync ended (killed by signal 9)"],
+    )
+    assert hook_children() == []
