@@ -512,8 +512,10 @@ class FakeChild:
     def __init__(self, start_seconds: float = 0.0, error: BaseException | None = None) -> None:
         self.start_seconds, self.error = start_seconds, error
         self.killed = threading.Event()
+        self.started_by: tuple[str, bool] | None = None
 
     def start(self) -> None:
+        self.started_by = (threading.current_thread().name, threading.current_thread().daemon)
         time.sleep(self.start_seconds)
         if self.error is not None:
             raise self.error
@@ -534,6 +536,8 @@ def test_a_child_the_fork_server_starts_too_late_is_given_up_then_killed() -> No
         ["the fork server did not start a child in time"],
     )
     assert late.killed.wait(5), "the child that started after the call gave up still runs"
+    # started by a thread of its own that never holds up the end of the process
+    assert late.started_by == ("fork server start", True)
 
 
 def test_a_child_that_cannot_be_started_raises_its_error_at_once() -> None:
