@@ -302,3 +302,22 @@ def test_a_hook_in_the_child_that_reads_budgets_fails_saying_it_is_not_pure(
 
     ended = served_here(reads_budgets, b"{}", settings)
     assert ended is not None and ended[:2] == ("failed", "RuntimeError")
+
+
+def test_the_shared_body_is_a_memory_file_named_for_what_it_holds_and_continues_short_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """write(2) may write less than asked: the rest is written after it, never over it."""
+    real_write = os.write
+
+    def short_write(fd: int, data: Any) -> int:
+        return real_write(fd, bytes(data[:1000]))
+
+    monkeypatch.setattr(apart.os, "write", short_write)
+    body = os.urandom(3500)
+    shared = apart._shared_body(iter([body[:2500], body[2500:]]))
+    try:
+        assert os.readlink(f"/proc/self/fd/{shared}") == "/memfd:hook-body (deleted)"
+        assert os.pread(shared, 4000, 0) == body
+    finally:
+        os.close(shared)
