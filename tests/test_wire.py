@@ -19,7 +19,7 @@ from hooks.wire.metacontroller import (
     decode_decorator_sync,
     decode_envelope,
 )
-from hooks.wire.names import is_label_value
+from hooks.wire.names import is_dns_label, is_label_value
 from hooks.wire.problems import BadRequest, Undecodable, decoded, decoder_for
 from tests.builders import (
     gpuclass,
@@ -140,6 +140,11 @@ def test_a_problem_at_the_top_level_is_the_reason_alone() -> None:
     with pytest.raises(Undecodable) as problem:
         decoded(decoder_for(_Shaped), b"5")
     assert str(problem.value) == "expected a map, got an integer"
+
+
+def test_a_dns_label_is_at_most_63_characters() -> None:
+    assert is_dns_label("a" * 63) and not is_dns_label("a" * 64)
+    assert not is_dns_label("") and not is_dns_label("A") and not is_dns_label("a-")
 
 
 def test_a_label_value_is_at_most_63_characters_and_may_be_empty() -> None:

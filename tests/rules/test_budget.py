@@ -868,3 +868,15 @@ def test_three_releases_claiming_one_tenant_fail_closed_naming_the_first_two() -
     )
     assert gate(tenant("tenant-root", "x", {TOTAL_KEY: 2}), tenants) == failed
     assert admit(vm("tenant-x", "v", L40S), [], tenants) == failed
+
+
+def test_an_app_fails_closed_while_a_release_of_nowhere_could_own_its_namespace() -> None:
+    """A release that says not even where it lives could be tenant a, bounded: tenant-a's pool
+    is not known until tenant a is."""
+    nowhere = Tenant("", None, {}, unreadable="HelmRelease (unnamed): metadata: expected a map")
+    assert admit(vm("tenant-a", "v", L40S), [], [root(), nowhere]) == (
+        False,
+        "GPU budget check failed closed: HelmRelease (unnamed): metadata: expected a map",
+    )
+    placed = [root(), tenant("tenant-root", "a"), nowhere]
+    assert admit(vm("tenant-a", "v", L40S), [], placed) == (True, "")
