@@ -108,3 +108,16 @@ def test_every_bug_patch_still_applies_to_the_code() -> None:
             ["git", "apply", "--check", str(patch)], cwd=root, capture_output=True, text=True
         )
         assert checked.returncode == 0, f"{patch.name}: {checked.stderr}"
+
+
+def test_the_bug_runs_leave_out_exactly_the_patch_test_by_its_real_name() -> None:
+    """A patched copy fails the patch test whatever the bug (its patch is already in), so
+    `make bugs` must leave it out; pytest ignores a --deselect that names nothing, so the name
+    must be this test file's."""
+    bugs_spec = importlib.util.spec_from_file_location("bugs", ROOT / "mutation" / "bugs.py")
+    assert bugs_spec is not None and bugs_spec.loader is not None
+    bugs = importlib.util.module_from_spec(bugs_spec)
+    bugs_spec.loader.exec_module(bugs)
+    path, _, name = bugs.PATCHES_APPLY.partition("::")
+    assert ROOT / path == Path(__file__)
+    assert name == test_every_bug_patch_still_applies_to_the_code.__name__
