@@ -49,6 +49,7 @@ class RanTooLong(Exception):
 # never rings an alarm, never sets an event) does not use: such a worker would be lost for the
 # rest of the run. A test may take this many times its unmutated duration, plus the margin.
 MUTANT_TEST_FACTOR, MUTANT_TEST_MARGIN_SECONDS = 5, 15.0
+MUTANT_TEST_LIMIT = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -71,12 +72,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         signal.signal(signal.SIGALRM, previous)
 
 
-MUTANT_TEST_LIMIT = pytest.StashKey[float]()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for the control plane needs the tools, however it is declared; tests/image
-    runs only when given an image (`make image-test`), never in `make test`."""
+    runs only when given an image (`make image-test`), never in `make test`. Under mutation
+    testing, the tests run fastest first, each with its time limit."""
     if config.getoption("--image") is None:
         image_tests = Path(__file__).parent / "image"
         left_out = [item for item in items if image_tests in item.path.parents]
