@@ -1,7 +1,7 @@
 """create_app(settings): wiring only. The hooks are the table in `hooks.routes`; reading bodies,
 answers and error codes are `hooks.http`; this module serves the one with the other, and adds the
-checks every call passes first: the token (401), HTTPS for the API server's routes (403), a
-declared length within the limit (411, 413), then the memory budget (429). Probes and metrics are
+checks every call passes first: those on its head alone (`hooks.guard`), then the memory budget
+(429). Probes and metrics are
 served on ports of their own (`hooks.ops`)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from hooks import apart, http
 from hooks.answer import Answer, FailedElsewhere
 from hooks.auth import TokenFile
 from hooks.controllers.budget import BudgetInputs
+from hooks.guard import Guard
 from hooks.kubeapi.budget import BudgetReader
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget, memory_budget
@@ -44,6 +45,7 @@ def create_app(
     budgets: BudgetInputs | None = None,
     memory: MemoryBudget | None = None,
     apart_from_bytes: int | None = LARGE_BODY_BYTES,
+    guard: Guard | None = None,
 ) -> Flask:
     """The hooks' app. Calls to pure hooks with a body of `apart_from_bytes` or more are computed
     in a process of their own (`hooks.apart`) where the system allows it; None computes every
@@ -54,11 +56,12 @@ def create_app(
     exported = metrics or Metrics(stale_after_seconds(settings))
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
     service = Service(settings, reader.view, budgets or BudgetReader(settings), clock)
-    tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+    if guard is None:
+        tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+        guard = Guard(settings, tokens)
     if memory is None:
         memory = memory_budget(settings)
     exported.watch_memory(memory)
-    hooks = {hook.path: hook for hook in HOOKS}
 
     @app.before_request
     def start() -> None:
@@ -67,20 +70,24 @@ def create_app(
         g.counted = True
 
     @app.before_request
-    def guard() -> Response | None:
-        """Every check that needs no body, cheapest first: an unauthenticated or undeclared call
-        costs no read, no reservation and no child."""
-        hook = hooks.get(request.path)
+    def check() -> Response | None:
+        """Every check that needs no body (`hooks.guard`, which the edge ran already under
+        gunicorn), then the memory budget: an unauthenticated or undeclared call costs no read,
+        no reservation and no child."""
+        hook = guard.hooks.get(request.path)
         if hook is None:
             return None
-        authorization = request.headers.get("Authorization")
-        if hook.needs_token and tokens is not None and not tokens.accepts(authorization):
-            return http.error_response("missing or invalid bearer token", 401)
-        if hook.https_only and not request.is_secure:
-            return http.error_response("admission webhooks are served over HTTPS only", 403)
-        refused = http.declared_length(settings.max_body_bytes)
-        if refused is not None or memory is None:
-            return refused
+        refusal = guard.check(
+            hook,
+            authorization=request.headers.get("Authorization"),
+            secure=request.is_secure,
+            content_length=request.content_length,
+            chunked=bool(request.headers.get("Transfer-Encoding")),
+        )
+        if refusal is not None:
+            return http.error_response(refusal.message, refusal.code)
+        if memory is None:
+            return None
         return http.reserve_memory(memory, request.content_length or 0, exported)
 
     @app.after_request

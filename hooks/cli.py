@@ -41,12 +41,25 @@ def _positive(text: str) -> int:
     return value
 
 
+def graceful_timeout_seconds(settings: Settings) -> float:
+    """How long a stopping worker may take from SIGTERM: every call accepted before it stops
+    accepting is answered within it."""
+    return (
+        settings.shutdown_delay_seconds
+        + settings.header_timeout_seconds
+        + settings.hook_timeout_seconds
+    )
+
+
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
     from hooks import apart, ops
     from hooks.app import create_app, stale_after_seconds
+    from hooks.auth import TokenFile
+    from hooks.guard import Guard
     from hooks.metrics import Metrics
+    from hooks.worker import HookWorker
 
     settings = _load_settings()
     # Made before gunicorn forks: each worker holds its own copy, which its readiness probe
@@ -54,6 +67,8 @@ def serve(args: argparse.Namespace) -> int:
     state = ops.ServiceState()
     host = args.bind.rpartition(":")[0].strip("[]") or "0.0.0.0"
     exported: list[Metrics] = []  # the worker's, made when it loads the app
+    tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+    guard = Guard(settings, tokens)
     logs.configure()
     # Large calls are computed in other processes, but the threads reading their bodies still run
     # Python between reads, and a small call that needs the interpreter waits up to one switch
@@ -66,13 +81,14 @@ def serve(args: argparse.Namespace) -> int:
             options: dict[str, Any] = {
                 "bind": [args.bind],
                 "workers": args.workers,
-                "worker_class": "gthread",
+                "worker_class": HookWorker,
                 "threads": args.threads,
                 # A worker whose main loop is stuck this long is restarted: beyond the hook
                 # timeout, so that a slow large call is answered rather than killed mid-way.
                 "timeout": math.ceil(2 * settings.hook_timeout_seconds),
-                # In-flight calls finish within the hook timeout (their callers give up then).
-                "graceful_timeout": math.ceil(settings.hook_timeout_seconds),
+                # Counted from SIGTERM: the drain delay, during which the worker still accepts,
+                # then a call accepted last has its head's deadline and the hook timeout.
+                "graceful_timeout": math.ceil(graceful_timeout_seconds(settings)),
                 "keepalive": 5,
                 "accesslog": None,
                 "errorlog": "-",
@@ -94,11 +110,12 @@ def serve(args: argparse.Namespace) -> int:
 
         def load(self) -> Any:
             exported.append(Metrics(stale_after_seconds(settings)))
-            return create_app(settings, metrics=exported[-1])
+            return create_app(settings, metrics=exported[-1], guard=guard)
 
     def start_worker(worker: Any) -> None:
         drain_on_sigterm(worker)
         metrics = exported[-1]
+        worker.serve_edge(settings, guard, metrics)
         # gthread's pool of threads: its queue holds the calls that wait for a thread.
         metrics.watch_threads(args.threads, worker.tpool._work_queue.qsize)
         # Each worker has its own fork server for large calls, started before the first one
@@ -110,8 +127,8 @@ def serve(args: argparse.Namespace) -> int:
 
     def drain_on_sigterm(worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the
-        endpoints to drop this pod), gunicorn stops accepting and finishes in-flight calls
-        within its graceful timeout."""
+        endpoints to drop this pod), the worker stops accepting (new connections are refused)
+        and finishes the calls it accepted within its graceful timeout."""
         stop = worker.handle_exit
 
         def on_sigterm(signum: int, frame: Any) -> None:

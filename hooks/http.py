@@ -60,19 +60,6 @@ def route_template() -> str:
     return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
-def declared_length(max_bytes: int) -> Response | None:
-    """Refuse, unread, a hook call whose body comes chunked (411: Metacontroller and the API
-    server always send Content-Length, and the memory budget reserves from it) or is too large
-    (413)."""
-    length = request.content_length
-    if length is None and request.headers.get("Transfer-Encoding"):
-        return error_response("send Content-Length: hook bodies are read by their length", 411)
-    length = length or 0  # neither header: HTTP says there is no body
-    if length > max_bytes:
-        return error_response(f"a body of {length} bytes is over the limit of {max_bytes}", 413)
-    return None
-
-
 class Alarms:
     """Actions run at their time by one thread of the process, started when first needed.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hooks.answer import ClassStatusObserved, LicenseCopiesObserved, Observation
+from hooks.edge import DROP_REASONS
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
 from hooks.rules.capacity import Capacity
@@ -153,6 +154,35 @@ class ClassCollector(Collector):
         return iter(())
 
 
+# The ports whose connections the edge keeps (`hooks.edge`).
+LISTENERS = ("hooks", "health", "metrics")
+
+
+class ConnectionCollector(Collector):
+    """Open connections of each listener by state, read from its edge when scraped."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, Callable[[], Mapping[str, int]]] = {}
+
+    def watch(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts[listener] = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "cozystack_gpu_hook_connections",
+            "Open connections by listener and state (handshaking, reading_headers, idle, "
+            "in_call, closing)",
+            labels=["listener", "state"],
+        )
+        for listener, counts in sorted(self._counts.items()):
+            for state, count in counts().items():
+                family.add_metric([listener, state], count)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("cozystack_gpu_hook_connections", "", labels=["listener", "state"])
+
+
 class Metrics:
     """Everything the service exports, in its own registry (one per app, so tests are isolated).
     Class series older than `stale_after_seconds` are dropped at scrape."""
@@ -222,6 +252,19 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.connections_dropped = Counter(
+            "cozystack_gpu_hook_connections_dropped_total",
+            "Connections closed without an answer, by listener (hooks, health, metrics) and "
+            "reason (head_deadline, head_too_large, over_capacity, handshake_failed, malformed)",
+            ["listener", "reason"],
+            registry=self.registry,
+        )
+        for listener in LISTENERS:
+            for reason in DROP_REASONS:
+                self.connections_dropped.labels(listener=listener, reason=reason)
+        self._connections = ConnectionCollector()
+        self.registry.register(self._connections)
+
         self.memory_budget = Gauge(
             "cozystack_gpu_hook_memory_budget_bytes",
             "The memory budget for request bodies in flight (0: none)",
@@ -260,6 +303,10 @@ class Metrics:
         """Export the worker's thread count, and read its queue of waiting calls at each scrape."""
         self.threads.set(threads)
         self.calls_queued.set_function(queued)
+
+    def watch_connections(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Read a listener's open connections by state at each scrape."""
+        self._connections.watch(listener, counts)
 
     def watch_memory(self, budget: MemoryBudget | None) -> None:
         """Export the budget, and read what is reserved and waiting at each scrape."""

@@ -3,9 +3,9 @@ metrics port (controller-runtime's convention), each served apart from the hooks
 
 The hooks run in gunicorn's pool of threads, which a burst of large or stalled calls can fill;
 kubelet and Prometheus must get their answer all the same, or the pod is restarted for being busy
-and its metrics go dark exactly when they matter. So each listener is a small server of its own,
-one short-lived thread per connection, reading nothing but the request line and headers, under a
-socket timeout.
+and its metrics go dark exactly when they matter. So each listener is a small server of its own:
+one thread, whose event loop (`hooks.edge`) reads nothing but the request line and headers, under
+the head deadline from accept, for a bounded number of connections, and answers there.
 
 - The health port speaks plain HTTP: kubelet probes present no client certificate or token, and
   the answers say nothing but up or draining.
@@ -17,23 +17,28 @@ socket timeout.
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
-import ssl
-import sys
 import threading
 import traceback
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http import HTTPStatus
 
+from hooks import edge
 from hooks.auth import TokenFile
+from hooks.edge import TlsSource
 from hooks.logs import log
 from hooks.metrics import Metrics
 from hooks.settings import Settings
 
-# A probe or a scrape that has not sent its request line and headers by then is dropped.
+# A probe or a scrape that has not sent its request line and headers by then is dropped (the
+# service passes GPUCLASS_HEADER_TIMEOUT_SECONDS).
 REQUEST_TIMEOUT_SECONDS = 5.0
+# Open connections per listener; past it, those that have not sent their head go first.
+MAX_CONNECTIONS = 512
+BACKLOG = 128
 JSON = "application/json"
 
 
@@ -84,98 +89,144 @@ def metrics_routes(metrics: Metrics, tokens: TokenFile | None) -> dict[str, Rout
     return {"/metrics": scrape}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
+class Listener:
+    """One port served by one thread: its event loop reads each request's head under the
+    deadline (`hooks.edge`) and answers it there; every answer closes its connection."""
 
-    def server_bind(self) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        routes: dict[str, Route],
+        tls: TlsSource | None,
+        *,
+        name: str,
+        head_seconds: float,
+        metrics: Metrics | None,
+    ) -> None:
+        self._routes = routes
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Each worker process of `serve` listens on the same ports (SO_REUSEPORT): the kernel
         # spreads probes and scrapes over them, as it spreads hook calls.
         if hasattr(socket, "SO_REUSEPORT"):
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        super().server_bind()
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self._socket.bind((host, port))
+        self._socket.listen(BACKLOG)
+        self.port = int(self._socket.getsockname()[1])  # the one bound (when asked for port 0)
+        self._socket.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._stopping = False
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed: a client gone or a handshake that failed (plain HTTP to
-        the TLS port, a port scan) is nothing to answer or report; anything else is one log
-        line, by type and frames as for the hooks, instead of socketserver's traceback on
-        stderr."""
-        error = sys.exc_info()[1]
-        if error is None or isinstance(error, OSError):
-            return
-        frames = traceback.format_tb(error.__traceback__)[-3:]
-        log(
-            logging.ERROR,
-            "unexpected error",
-            route="listener",
-            error=type(error).__name__,
-            frames=frames,
+        def dropped(reason: str) -> None:
+            if metrics is not None:
+                metrics.connections_dropped.labels(listener=name, reason=reason).inc()
+
+        self._edge = edge.Edge(
+            self._selector,
+            self._answer,
+            head_seconds=head_seconds,
+            idle_seconds=head_seconds,
+            max_connections=MAX_CONNECTIONS,
+            tls=tls,
+            on_drop=dropped,
         )
-
-
-def _handler(routes: dict[str, Route], tls: ssl.SSLContext | None) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_SECONDS
-        protocol_version = "HTTP/1.1"
-
-        def setup(self) -> None:
-            if tls is not None:
-                self.request.settimeout(REQUEST_TIMEOUT_SECONDS)
-                self.request = tls.wrap_socket(self.request, server_side=True)
-            super().setup()
-
-        def do_GET(self) -> None:
-            route = routes.get(self.path.split("?", 1)[0])
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            reply = route(headers) if route is not None else Reply(404, b'{"error":"not found"}')
-            self.send_response(reply.code)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(reply.body)))
-            self.end_headers()
-            self.wfile.write(reply.body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # probes and scrapes are counted, not logged
-
-    return Handler
-
-
-@dataclass
-class Listener:
-    """A started listener; `port` is the one bound (useful when asked for port 0)."""
-
-    server: _Server
-    thread: threading.Thread
-
-    @property
-    def port(self) -> int:
-        return int(self.server.server_address[1])
+        if metrics is not None:
+            metrics.watch_connections(name, self._edge.counts)
+        self._selector.register(self._socket, selectors.EVENT_READ, self._accept)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, self._woken)
+        self.thread = threading.Thread(target=self._run, name=f"listener :{port}", daemon=True)
+        self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stopping = True
+        with suppress(OSError):
+            self._wake_write.send(b"x")
+        self.thread.join(5)
+
+    def _accept(self, mask: int) -> None:
+        self._edge.accept(self._socket)
+
+    def _woken(self, mask: int) -> None:
+        with suppress(OSError):
+            self._wake_read.recv(64)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                for key, mask in self._selector.select(self._edge.timeout()):
+                    key.data(mask)
+                self._edge.expire()
+        finally:
+            self._edge.close_all()
+            self._selector.close()
+            for sock in (self._socket, self._wake_read, self._wake_write):
+                sock.close()
+
+    def _answer(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
+        head = edge.parse_head(head_bytes)
+        if head is None:
+            self._edge.drop(connection, "malformed")
+            return
+        route = self._routes.get(head.path)
+        try:
+            reply = route(dict(head.headers)) if route is not None else NOT_FOUND
+        except Exception as error:
+            # One log line, by type and frames as for the hooks; the message may quote input.
+            frames = traceback.format_tb(error.__traceback__)[-3:]
+            log(
+                logging.ERROR,
+                "unexpected error",
+                route="listener",
+                error=type(error).__name__,
+                frames=frames,
+            )
+            self._edge.close(connection)
+            return
+        self._edge.respond(connection, _reply_bytes(reply))
 
 
-def listen(host: str, port: int, routes: dict[str, Route], tls: ssl.SSLContext | None) -> Listener:
-    server = _Server((host, port), _handler(routes, tls))
-    thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": 0.1},  # how soon `stop` returns
-        name=f"listener :{port}",
-        daemon=True,
+NOT_FOUND = Reply(404, b'{"error":"not found"}')
+
+
+def _reply_bytes(reply: Reply) -> bytes:
+    head = (
+        f"HTTP/1.1 {reply.code} {HTTPStatus(reply.code).phrase}\r\n"
+        f"Content-Type: {reply.content_type}\r\nContent-Length: {len(reply.body)}\r\n"
+        "Connection: close\r\n\r\n"
     )
-    thread.start()
-    return Listener(server, thread)
+    return head.encode("latin-1") + reply.body
 
 
-def server_tls(settings: Settings) -> ssl.SSLContext | None:
-    """The hooks' certificate for the metrics port, or None when the hooks speak plain HTTP."""
+def listen(
+    host: str,
+    port: int,
+    routes: dict[str, Route],
+    tls: TlsSource | None,
+    *,
+    name: str = "health",
+    head_seconds: float | None = None,
+    metrics: Metrics | None = None,
+) -> Listener:
+    return Listener(
+        host,
+        port,
+        routes,
+        tls,
+        name=name,
+        head_seconds=REQUEST_TIMEOUT_SECONDS if head_seconds is None else head_seconds,
+        metrics=metrics,
+    )
+
+
+def server_tls(settings: Settings) -> TlsSource | None:
+    """The hooks' certificate for the metrics port (reloaded when its files change), or None
+    when the hooks speak plain HTTP. Never a client certificate: Prometheus has none."""
     if settings.tls_cert_file is None or settings.tls_key_file is None:
         return None
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(str(settings.tls_cert_file), str(settings.tls_key_file))
-    return context
+    return TlsSource(settings.tls_cert_file, settings.tls_key_file)
 
 
 def start(
@@ -189,7 +240,18 @@ def start(
     """The health and metrics listeners of one worker process."""
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     guard = tokens if settings.metrics_require_auth else None
-    health = listen(host, health_port, health_routes(state), None)
-    scrape = listen(host, metrics_port, metrics_routes(metrics, guard), server_tls(settings))
+    deadline = settings.header_timeout_seconds
+    health = listen(
+        host, health_port, health_routes(state), None, head_seconds=deadline, metrics=metrics
+    )
+    scrape = listen(
+        host,
+        metrics_port,
+        metrics_routes(metrics, guard),
+        server_tls(settings),
+        name="metrics",
+        head_seconds=deadline,
+        metrics=metrics,
+    )
     log(logging.INFO, "listening", health_port=health.port, metrics_port=scrape.port)
     return health, scrape

@@ -145,6 +145,29 @@ class Settings(BaseSettings):
         shown="`1073741824` (1 GiB)",
         ge=1024,
     )
+    admission_max_body_bytes: int = setting(
+        7 * 1024**2,
+        "larger admission review bodies get 413 at once, before anything is reserved (a review "
+        "holds at most the two objects the API server accepted; controller-runtime's limit)",
+        not_in_chart="the API server's own object size limit bounds what a review holds",
+        shown="`7340032` (7 MiB)",
+        ge=1024,
+    )
+    header_timeout_seconds: float = setting(
+        10.0,
+        "how long a connection has, from accept, to complete its TLS handshake, request line and "
+        "headers (Go's `ReadHeaderTimeout`); then it is closed. Until then it holds no thread",
+        not_in_chart="callers on the cluster network send a head in milliseconds",
+        gt=0,
+        le=60,
+    )
+    max_connections: int = setting(
+        10000,
+        "open connections per worker process; past it, the oldest that have not finished their "
+        "head are dropped first, then the oldest idle ones, never a call in progress",
+        not_in_chart="bounded by the file descriptors of the pod, not by the install",
+        ge=16,
+    )
     shutdown_delay_seconds: float = setting(
         5.0,
         "on SIGTERM, how long readiness reports 503 before gunicorn stops accepting",

@@ -343,7 +343,10 @@ class BoundedTenantA:
 
 @pytest.fixture(scope="module")
 def admission_client() -> FlaskClient:
-    return create_app(Settings(), budgets=BoundedTenantA()).test_client()
+    # Bodies past the admission limit are refused unread (tested in test_auth.py); these reach
+    # the decoder.
+    settings = Settings(admission_max_body_bytes=1024**3)
+    return create_app(settings, budgets=BoundedTenantA()).test_client()
 
 
 def assert_reviewed(response: Any, uid: str | None = None) -> dict[str, Any] | None:

@@ -1,0 +1,483 @@
+"""The edge of every port: a connection's TLS handshake, request line and headers, read by an
+event loop under one deadline from accept, before anything else is spent on it.
+
+gunicorn's threaded worker does both in a pool thread, on a blocking socket, without a deadline:
+a client that trickles its headers, stalls its handshake, or connects and sends nothing holds a
+thread for as long as it likes. Here such a client costs a socket and a few hundred bytes in a
+selector until its deadline. Only a complete head goes further (to a hook thread, or to a
+listener's answer); idle keep-alive connections wait here too, and every close that lingers for
+the peer's unread input lingers here, not in a thread. Past the cap on open connections, the
+oldest that have not finished their head are dropped first, then the oldest idle ones; a call in
+progress never is.
+
+One `Edge` serves one selector, driven by one thread: every method but `counts` runs on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+import ssl
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from selectors import EVENT_READ, EVENT_WRITE, BaseSelector
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import msgspec
+
+# The request line and headers together; larger is 431 (a hook call's head is a few hundred
+# bytes; Go's and nginx's defaults sit on either side of this bound).
+HEAD_LIMIT_BYTES = 64 * 1024
+# How much one read of a head takes: a TLS record's payload at most, so a head rarely needs two.
+HEAD_READ_BYTES = 16 * 1024
+# A connection being closed: how long, and how much, of the peer's unread input is taken before
+# the close (closing with input unread resets the connection and can cut the answer short).
+CLOSE_LINGER_SECONDS = 2.0
+CLOSE_DRAIN_BYTES = 64 * 1024
+# The longest the loop sleeps: how late a deadline can be enforced.
+TICK_SECONDS = 1.0
+
+
+class State(enum.Enum):
+    HANDSHAKING = "handshaking"
+    READING_HEADERS = "reading_headers"
+    IDLE = "idle"
+    IN_CALL = "in_call"
+    CLOSING = "closing"
+
+
+# Why a connection was closed without an answer.
+DROP_REASONS = ("head_deadline", "head_too_large", "over_capacity", "handshake_failed", "malformed")
+
+
+@dataclass(frozen=True)
+class Head:
+    """A request's line and headers, as far as the edge decides on them."""
+
+    method: str
+    path: str  # percent-decoded, without the query
+    headers: Mapping[str, str]  # lower-case names; repeated ones joined by ", "
+
+    def content_length(self) -> int | None:
+        """The declared length; -1 when it is not a number (the caller refuses it)."""
+        text = self.headers.get("content-length")
+        if text is None:
+            return None
+        return int(text) if text.isdigit() else -1
+
+    @property
+    def chunked(self) -> bool:
+        return "transfer-encoding" in self.headers
+
+
+_TOKEN_CHARACTERS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def parse_head(data: bytes) -> Head | None:
+    """The head of one HTTP/1.x request (up to and with its blank line), or None when it is not
+    one. gunicorn parses it again, strictly, in the thread; this reading only decides what the
+    edge refuses, and the app checks the same again, so a difference can refuse, never admit."""
+    lines = data.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isupper():
+        return None
+    method, target, _ = parts
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        name = name.lower()
+        if not colon or not name or not set(name) <= _TOKEN_CHARACTERS:
+            return None
+        value = value.strip(" \t")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    if not target.startswith("/"):
+        target = urlsplit(target).path or target
+    return Head(method, unquote(target.split("?", 1)[0]), headers)
+
+
+def response_bytes(code: int, message: str, extra: Mapping[str, str] | None = None) -> bytes:
+    """A whole JSON error answer that closes its connection."""
+    body = msgspec.json.encode({"error": message})
+    lines = [
+        f"HTTP/1.1 {code} {HTTPStatus(code).phrase}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        *(f"{name}: {value}" for name, value in (extra or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class TlsSource:
+    """The serving certificate as an SSL context, loaded again when its files change.
+
+    Files mounted from a Secret change by an atomic swap of the directory they sit in, which a
+    reader can straddle (the certificate of one generation, the key of the other): such a pair
+    fails to load, and the context already in use is kept and the load tried again on the next
+    connection. A pair is never served half from one generation and half from another.
+    """
+
+    def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
+        self._files = (cert, key, *((client_ca,) if client_ca else ()))
+        self._client_ca = client_ca
+        self._stamp: tuple[tuple[int, int, int], ...] | None = None
+        self._context = self._load()  # a pair that does not load at start is a boot failure
+        self._stamp = self._stamps()
+
+    def _stamps(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            infos = [os.stat(path) for path in self._files]
+        except OSError:
+            return None
+        return tuple((info.st_ino, info.st_mtime_ns, info.st_size) for info in infos)
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(self._files[0]), str(self._files[1]))
+        if self._client_ca is not None:
+            context.load_verify_locations(cafile=str(self._client_ca))
+            context.verify_mode = ssl.CERT_REQUIRED
+        context.set_alpn_protocols(["http/1.1"])
+        return context
+
+    def context(self) -> ssl.SSLContext:
+        """The current context: the files' if they changed and load as a pair, else the last."""
+        before = self._stamps()
+        if before is None or before == self._stamp:
+            return self._context
+        try:
+            context = self._load()
+        except (OSError, ssl.SSLError, ValueError):
+            return self._context  # straddled a swap, or a file is missing for a moment
+        self._context = context
+        if self._stamps() == before:  # nothing moved while it was read: this generation is done
+            self._stamp = before
+        return context
+
+
+@dataclass(eq=False)
+class Connection:
+    sock: socket.socket
+    address: Any
+    state: State
+    deadline: float
+    head: bytearray = field(default_factory=bytearray)
+    outgoing: bytes = b""
+    drained: int = 0
+    handshaken: bool = False
+    accepted_at: float = 0.0
+    # What the owner of the loop keeps with a connection between its calls (gunicorn's TConn).
+    owner_state: Any = None
+
+
+# What the owner does with a complete head: (connection, head bytes, bytes read past the head).
+OnHead = Callable[[Connection, bytes, bytes], None]
+
+
+class Edge:
+    """Connections from accept to hand-off, and back for keep-alive, on one selector."""
+
+    def __init__(
+        self,
+        selector: BaseSelector,
+        on_head: OnHead,
+        *,
+        head_seconds: float,
+        idle_seconds: float,
+        max_connections: int,
+        tls: TlsSource | None = None,
+        on_drop: Callable[[str], None] = lambda reason: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._selector = selector
+        self._on_head = on_head
+        self._head_seconds = head_seconds
+        self._idle_seconds = idle_seconds
+        self._max_connections = max_connections
+        self._tls = tls
+        self._on_drop = on_drop
+        self._clock = clock
+        # Each in the order of its deadlines (every connection of a state has the same timeout,
+        # counted from when it entered it): expiry and "oldest first" both read from the front.
+        self._arriving: OrderedDict[Connection, None] = OrderedDict()
+        self._idle: OrderedDict[Connection, None] = OrderedDict()
+        self._closing: OrderedDict[Connection, None] = OrderedDict()
+        self._in_call: set[Connection] = set()
+        self._handshaking = 0
+
+    # -- what the owner calls ------------------------------------------------------------------
+
+    @property
+    def open(self) -> int:
+        return len(self._arriving) + len(self._idle) + len(self._closing) + len(self._in_call)
+
+    def counts(self) -> dict[str, int]:
+        """Open connections by state (read from any thread: a snapshot, not a transaction)."""
+        handshaking = self._handshaking
+        return {
+            State.HANDSHAKING.value: handshaking,
+            State.READING_HEADERS.value: max(len(self._arriving) - handshaking, 0),
+            State.IDLE.value: len(self._idle),
+            State.IN_CALL.value: len(self._in_call),
+            State.CLOSING.value: len(self._closing),
+        }
+
+    def accept(self, listener: socket.socket) -> None:
+        """Take every connection waiting on the listener (a bounded number per wake-up)."""
+        for _ in range(64):
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the peer gave up in the backlog, or no fd is left: try next time
+                return
+            sock.setblocking(False)
+            if self.open >= self._max_connections and not self._make_room():
+                self._on_drop("over_capacity")
+                _close(sock)
+                continue
+            now = self._clock()
+            connection = Connection(
+                sock, address, State.HANDSHAKING, now + self._head_seconds, accepted_at=now
+            )
+            if self._tls is None:
+                connection.state = State.READING_HEADERS
+            else:
+                self._handshaking += 1
+            self._arriving[connection] = None
+            # Wrapped for TLS only once it sends: a connection that never does costs no TLS state.
+            self._watch(connection, EVENT_READ)
+
+    def hand_off(self, connection: Connection) -> None:
+        """The owner takes the connection (a call); it leaves the selector until `resume`."""
+        self._leave(connection)
+        connection.state = State.IN_CALL
+        self._in_call.add(connection)
+
+    def resume(self, connection: Connection, buffered: bytes) -> None:
+        """Back from a call that keeps the connection: idle until it sends, then a new head."""
+        self._in_call.discard(connection)
+        connection.head = bytearray(buffered)
+        pending = isinstance(connection.sock, ssl.SSLSocket) and connection.sock.pending() > 0
+        if buffered or pending:
+            self._begin_head(connection)
+            self._advance(connection)
+            return
+        connection.state = State.IDLE
+        connection.deadline = self._clock() + self._idle_seconds
+        self._idle[connection] = None
+        self._watch(connection, EVENT_READ)
+
+    def respond(self, connection: Connection, data: bytes) -> None:
+        """Send a whole answer, then close (its unread input lingered over, off any thread)."""
+        self._leave(connection)
+        connection.state = State.CLOSING
+        connection.outgoing = data
+        connection.deadline = self._clock() + CLOSE_LINGER_SECONDS
+        self._closing[connection] = None
+        self._send(connection)
+
+    def close(self, connection: Connection) -> None:
+        """Close a connection whose exchange is over (nothing more to send)."""
+        self.respond(connection, b"")
+
+    def drop(self, connection: Connection, reason: str) -> None:
+        self._on_drop(reason)
+        self._forget(connection)
+
+    def expire(self) -> None:
+        """Close whatever is past its deadline."""
+        now = self._clock()
+        for group, reason in (
+            (self._arriving, "head_deadline"),
+            (self._idle, None),
+            (self._closing, None),
+        ):
+            while group:
+                connection = next(iter(group))
+                if connection.deadline > now:
+                    break
+                if reason is None:
+                    self._forget(connection)
+                else:
+                    self.drop(connection, reason)
+
+    def timeout(self) -> float:
+        """How long the loop may sleep before a deadline is due."""
+        groups = (self._arriving, self._idle, self._closing)
+        soonest = [next(iter(group)).deadline for group in groups if group]
+        if not soonest:
+            return TICK_SECONDS
+        return min(max(min(soonest) - self._clock(), 0.0), TICK_SECONDS)
+
+    def linger_idle(self, seconds: float) -> None:
+        """A stopping worker keeps idle connections at most this long more (a request already
+        on its way is answered, with `Connection: close`)."""
+        limit = self._clock() + seconds
+        for connection in self._idle:
+            connection.deadline = min(connection.deadline, limit)
+
+    def close_all(self) -> None:
+        for group in (self._arriving, self._idle, self._closing):
+            for connection in list(group):
+                self._forget(connection)
+        for connection in list(self._in_call):
+            self._forget(connection)
+
+    # -- the states ----------------------------------------------------------------------------
+
+    def _ready(self, connection: Connection, mask: int) -> None:
+        if connection.state is State.CLOSING:
+            if connection.outgoing:
+                self._send(connection)
+            else:
+                self._drain(connection)
+            return
+        if connection.state is State.IDLE:
+            del self._idle[connection]
+            self._begin_head(connection)
+        self._advance(connection)
+
+    def _begin_head(self, connection: Connection) -> None:
+        connection.state = State.READING_HEADERS
+        connection.deadline = self._clock() + self._head_seconds
+        self._arriving[connection] = None
+
+    def _advance(self, connection: Connection) -> None:
+        """Drive the handshake, then the head, as far as the socket allows."""
+        try:
+            if connection.state is State.HANDSHAKING:
+                self._handshake(connection)
+            head_end = connection.head.find(b"\r\n\r\n")
+            while head_end < 0:
+                if len(connection.head) > HEAD_LIMIT_BYTES:
+                    self._on_drop("head_too_large")
+                    self.respond(connection, response_bytes(431, "request head too large"))
+                    return
+                data = connection.sock.recv(HEAD_READ_BYTES)
+                if not data:  # gone before its head was complete
+                    self._forget(connection)
+                    return
+                searched_from = max(len(connection.head) - 3, 0)
+                connection.head += data
+                head_end = connection.head.find(b"\r\n\r\n", searched_from)
+        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+            self._watch(connection, EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(connection, EVENT_WRITE)
+            return
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError):
+            self._forget(connection)  # the peer went away
+            return
+        except (ssl.SSLError, OSError):
+            self.drop(connection, "handshake_failed" if not connection.handshaken else "malformed")
+            return
+        end = head_end + 4
+        head, rest = bytes(connection.head[:end]), bytes(connection.head[end:])
+        connection.head = bytearray()
+        self._on_head(connection, head, rest)
+
+    def _handshake(self, connection: Connection) -> None:
+        if not isinstance(connection.sock, ssl.SSLSocket):
+            assert self._tls is not None
+            # Wrapping takes the descriptor over from the plain socket object: the selector is
+            # told about the new object before it is watched again.
+            with suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(connection.sock)
+            connection.sock = self._tls.context().wrap_socket(
+                connection.sock, server_side=True, do_handshake_on_connect=False
+            )
+        connection.sock.do_handshake()  # raises while it needs the peer
+        connection.handshaken = True
+        connection.state = State.READING_HEADERS
+        self._handshaking -= 1
+
+    def _send(self, connection: Connection) -> None:
+        try:
+            while connection.outgoing:
+                sent = connection.sock.send(connection.outgoing)
+                connection.outgoing = connection.outgoing[sent:]
+        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+            self._watch(connection, EVENT_WRITE)
+            return
+        except ssl.SSLWantReadError:
+            self._watch(connection, EVENT_READ)
+            return
+        except OSError:
+            self._forget(connection)
+            return
+        with suppress(OSError):
+            # The plain socket's half-close: TLS's would want a close_notify exchange first.
+            socket.socket.shutdown(connection.sock, socket.SHUT_WR)
+        self._drain(connection)
+
+    def _drain(self, connection: Connection) -> None:
+        """Take (and discard, undecrypted) the peer's input until it closes, the cap or the
+        deadline."""
+        try:
+            while connection.drained < CLOSE_DRAIN_BYTES:
+                data = socket.socket.recv(connection.sock, CLOSE_DRAIN_BYTES)
+                if not data:
+                    break
+                connection.drained += len(data)
+        except (BlockingIOError, InterruptedError):
+            self._watch(connection, EVENT_READ)
+            return
+        except OSError:
+            pass
+        self._forget(connection)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _make_room(self) -> bool:
+        """Drop the oldest connection that has not finished its head, else the oldest idle one."""
+        for group, reason in ((self._arriving, "over_capacity"), (self._idle, None)):
+            if group:
+                oldest = next(iter(group))
+                if reason is None:
+                    self._forget(oldest)
+                else:
+                    self.drop(oldest, reason)
+                return True
+        return False
+
+    def _watch(self, connection: Connection, events: int) -> None:
+        def ready(mask: int) -> None:
+            self._ready(connection, mask)
+
+        try:
+            self._selector.modify(connection.sock, events, ready)
+        except KeyError:
+            self._selector.register(connection.sock, events, ready)
+        except (ValueError, OSError):  # closed under us
+            self._forget(connection)
+
+    def _leave(self, connection: Connection) -> None:
+        """Out of the selector and out of its state's group."""
+        with suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(connection.sock)
+        if connection.state is State.HANDSHAKING and connection in self._arriving:
+            self._handshaking -= 1
+        for group in (self._arriving, self._idle, self._closing):
+            group.pop(connection, None)
+        self._in_call.discard(connection)
+
+    def _forget(self, connection: Connection) -> None:
+        self._leave(connection)
+        _close(connection.sock)
+
+
+def _close(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.close()

@@ -1,0 +1,445 @@
+"""The edge's parts on their own: reading a head, the checks made on it, the answers it writes,
+the serving certificate's reload, and the event loop's deadlines, states and cap over real
+sockets on loopback."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from hooks import edge
+from hooks.auth import TokenFile
+from hooks.guard import Guard
+from hooks.routes import HOOKS
+from hooks.settings import Settings
+from hooks.worker import honour_connection_close
+
+ADMISSION = next(hook for hook in HOOKS if hook.https_only)
+SYNC = next(hook for hook in HOOKS if hook.path == "/status/sync")
+
+
+def test_a_head_gives_its_method_decoded_path_and_headers() -> None:
+    head = edge.parse_head(
+        b"POST /status/%73ync?cfg=ab HTTP/1.1\r\nHost: x\r\nAUTHORIZATION:  Bearer t \r\n"
+        b"X-A: 1\r\nx-a: 2\r\nContent-Length: 12\r\n\r\n"
+    )
+    assert head is not None
+    assert (head.method, head.path) == ("POST", "/status/sync")
+    assert head.headers["authorization"] == "Bearer t"
+    assert head.headers["x-a"] == "1, 2"
+    assert head.content_length() == 12 and not head.chunked
+
+
+def test_an_absolute_target_is_read_by_its_path() -> None:
+    head = edge.parse_head(b"POST http://h:1/license/sync HTTP/1.1\r\n\r\n")
+    assert head is not None and head.path == "/license/sync"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"POST /x\r\n\r\n",
+        b"POST /x HTTP/2\r\n\r\n",
+        b"post /x HTTP/1.1\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nno colon\r\n\r\n",
+        b"POST /x HTTP/1.1\r\nbad name: v\r\n\r\n",
+    ],
+)
+def test_what_is_not_a_request_head_is_none(data: bytes) -> None:
+    assert edge.parse_head(data) is None
+
+
+@pytest.mark.parametrize(("text", "length"), [("0", 0), ("1x", -1), ("-1", -1), ("", -1)])
+def test_a_declared_length_that_is_not_a_number_reads_as_negative(text: str, length: int) -> None:
+    head = edge.parse_head(f"POST / HTTP/1.1\r\nContent-Length: {text}\r\n\r\n".encode())
+    assert head is not None and head.content_length() == length
+
+
+def test_an_edge_answer_is_whole_json_and_closes() -> None:
+    data = edge.response_bytes(405, "no", {"Allow": "POST"})
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.split(b"\r\n") == [
+        b"HTTP/1.1 405 Method Not Allowed",
+        b"Content-Type: application/json",
+        b"Content-Length: 14",
+        b"Connection: close",
+        b"Allow: POST",
+    ]
+    assert body == b'{"error":"no"}'
+
+
+@pytest.fixture
+def guard(tmp_path: Path) -> Guard:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("t\n")
+    return Guard(Settings(auth_token_file=tokens), TokenFile(tokens))
+
+
+def check(guard: Guard, hook: Any, **overrides: Any) -> int | None:
+    arguments = {
+        "authorization": "Bearer t",
+        "secure": True,
+        "content_length": 10,
+        "chunked": False,
+        **overrides,
+    }
+    refusal = guard.check(hook, **arguments)
+    return None if refusal is None else refusal.code
+
+
+def test_the_checks_on_a_head_refuse_cheapest_first(guard: Guard) -> None:
+    assert check(guard, SYNC) is None
+    assert check(guard, SYNC, authorization=None, content_length=None, chunked=True) == 401
+    assert check(guard, ADMISSION, authorization=None, secure=False) == 403
+    assert check(guard, SYNC, content_length=None, chunked=True) == 411
+    assert check(guard, SYNC, content_length=-1) == 400
+    assert check(guard, SYNC, content_length=2**31) == 413
+    assert check(guard, SYNC, content_length=None) is None  # no body
+
+
+def test_an_admission_review_over_its_own_limit_is_413_whatever_the_hook_limit(
+    guard: Guard,
+) -> None:
+    limit = Settings().admission_max_body_bytes
+    assert check(guard, ADMISSION, authorization=None, content_length=limit) is None
+    assert check(guard, ADMISSION, authorization=None, content_length=limit + 1) == 413
+    assert check(guard, SYNC, content_length=limit + 1) is None
+
+
+def test_an_answer_that_says_close_makes_gunicorn_close() -> None:
+    class GunicornResponse:
+        closed = False
+
+        def force_close(self) -> None:
+            self.closed = True
+
+        def start_response(self, status: str, headers: Any, exc_info: Any = None) -> None:
+            pass
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("401 UNAUTHORIZED", [("Connection", " Close")])
+        return [b""]
+
+    def keeping(environ: Any, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b""]
+
+    refused, served = GunicornResponse(), GunicornResponse()
+    honour_connection_close(app)({}, refused.start_response)
+    honour_connection_close(keeping)({}, served.start_response)
+    assert (refused.closed, served.closed) == (True, False)
+
+
+# -- the serving certificate, as a Secret volume lays it out ---------------------------------
+
+
+def write_generation(folder: Path, name: str, leaf: trustme.LeafCert) -> Path:
+    generation = folder / name
+    generation.mkdir()
+    leaf.cert_chain_pems[0].write_to_path(str(generation / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(generation / "tls.key"))
+    return generation
+
+
+def swap(folder: Path, generation: Path) -> None:
+    """The kubelet's atomic update: `..data` points at the new generation in one rename."""
+    link = folder / "..data_tmp"
+    link.symlink_to(generation.name)
+    os.replace(link, folder / "..data")
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> tuple[Path, trustme.CA]:
+    ca = trustme.CA()
+    first = write_generation(tmp_path, "..gen1", ca.issue_cert("127.0.0.1", "first.test"))
+    swap(tmp_path, first)
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).symlink_to(f"..data/{name}")
+    return tmp_path, ca
+
+
+def served_names(context: ssl.SSLContext, ca: trustme.CA) -> list[str]:
+    """The DNS names of the certificate a handshake with this context presents."""
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        server = context.wrap_socket(server_side, server_side=True, do_handshake_on_connect=False)
+        wrapped = client.wrap_socket(
+            client_side, server_hostname="127.0.0.1", do_handshake_on_connect=False
+        )
+        server.setblocking(False)
+        wrapped.setblocking(False)
+        for _ in range(100):
+            done = 0
+            for side in (wrapped, server):
+                try:
+                    side.do_handshake()
+                    done += 1
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    pass
+            if done == 2:
+                break
+        peer = wrapped.getpeercert()
+    return sorted(value for kind, value in peer["subjectAltName"] if kind == "DNS")
+
+
+def test_a_renewed_certificate_is_served_from_the_next_connection(
+    volume: tuple[Path, trustme.CA],
+) -> None:
+    folder, ca = volume
+    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
+    assert served_names(source.context(), ca) == ["first.test"]
+    swap(folder, write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test")))
+    assert served_names(source.context(), ca) == ["second.test"]
+
+
+def test_a_certificate_and_key_of_different_generations_are_never_served_together(
+    volume: tuple[Path, trustme.CA],
+) -> None:
+    """Read halfway through a swap: the pair does not load, the last good one is served, and the
+    load is tried again until the files agree."""
+    folder, ca = volume
+    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
+    second = write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test"))
+    (folder / "tls.key").unlink()
+    (folder / "tls.key").symlink_to("..gen1/tls.key")  # the old key beside the new certificate
+    swap(folder, second)
+    assert served_names(source.context(), ca) == ["first.test"]
+    (folder / "tls.key").unlink()
+    (folder / "tls.key").symlink_to("..data/tls.key")
+    assert served_names(source.context(), ca) == ["second.test"]
+
+
+def test_a_certificate_that_does_not_load_at_start_fails_the_start(tmp_path: Path) -> None:
+    with pytest.raises((OSError, ssl.SSLError)):
+        edge.TlsSource(tmp_path / "missing.crt", tmp_path / "missing.key")
+
+
+# -- the loop over real sockets ---------------------------------------------------------------
+
+
+class Loop:
+    """An Edge on a selector, driven step by step from the test, with a clock the test sets."""
+
+    def __init__(self, *, max_connections: int = 8, head_seconds: float = 5.0) -> None:
+        self.now = 100.0
+        self.selector = selectors.DefaultSelector()
+        self.heads: list[tuple[edge.Connection, bytes, bytes]] = []
+        self.drops: list[str] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setblocking(False)
+        self.edge = edge.Edge(
+            self.selector,
+            lambda connection, head, rest: self.heads.append((connection, head, rest)),
+            head_seconds=head_seconds,
+            idle_seconds=3.0,
+            max_connections=max_connections,
+            on_drop=self.drops.append,
+            clock=lambda: self.now,
+        )
+
+    def connect(self) -> socket.socket:
+        client = socket.create_connection(self.listener.getsockname(), timeout=2)
+        self.turn()
+        return client
+
+    def turn(self, rounds: int = 3) -> None:
+        for _ in range(rounds):
+            self.edge.accept(self.listener)
+            for key, mask in self.selector.select(0.05):
+                key.data(mask)
+            self.edge.expire()
+
+    def close(self) -> None:
+        self.edge.close_all()
+        self.listener.close()
+        self.selector.close()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+def test_a_head_in_pieces_is_handed_over_whole_with_what_followed_it(loop: Loop) -> None:
+    client = loop.connect()
+    client.sendall(b"POST /status/sync HTTP/1.1\r\nHost: x\r")
+    loop.turn()
+    assert loop.heads == []
+    assert loop.edge.counts()["reading_headers"] == 1
+    client.sendall(b"\n\r\n{body")
+    loop.turn()
+    [(_, head, rest)] = loop.heads
+    assert head == b"POST /status/sync HTTP/1.1\r\nHost: x\r\n\r\n" and rest == b"{body"
+
+
+def test_a_head_that_never_completes_is_dropped_at_its_deadline_from_accept(loop: Loop) -> None:
+    client = loop.connect()
+    loop.now += 4.9
+    client.sendall(b"POST / HTTP/1.1\r\n")  # a byte now and then restarts nothing
+    loop.turn()
+    assert loop.drops == []
+    loop.now += 0.2
+    loop.turn()
+    assert loop.drops == ["head_deadline"] and loop.edge.open == 0
+    assert client.recv(1) == b""
+
+
+def test_a_head_over_its_bound_is_431_and_closed(loop: Loop) -> None:
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\nX: " + b"a" * (edge.HEAD_LIMIT_BYTES + 1))
+    loop.turn(6)
+    assert loop.drops == ["head_too_large"]
+    assert client.recv(64).startswith(b"HTTP/1.1 431 ")
+
+
+def test_past_the_cap_the_oldest_unfinished_head_goes_then_the_oldest_idle_one(loop: Loop) -> None:
+    in_call = loop.connect()
+    in_call.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    [(call, _, _)] = loop.heads
+    loop.edge.hand_off(call)
+    idle_client = loop.connect()
+    idle_client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    loop.edge.hand_off(loop.heads[1][0])
+    loop.edge.resume(loop.heads[1][0], b"")  # back from its call, idle
+    silent = [loop.connect() for _ in range(6)]  # 8 open: the cap
+    assert loop.edge.counts() == {
+        "handshaking": 0,
+        "reading_headers": 6,
+        "idle": 1,
+        "in_call": 1,
+        "closing": 0,
+    }
+    newcomer = loop.connect()
+    assert loop.drops == ["over_capacity"]
+    assert silent[0].recv(1) == b""  # the oldest that had not finished its head
+    for _ in range(5):
+        loop.connect()
+    assert loop.edge.counts()["in_call"] == 1  # never a call in progress
+    assert loop.edge.counts()["idle"] == 1  # heads went first
+    del newcomer
+
+
+def test_an_idle_connection_closes_after_its_idle_timeout_and_a_new_head_restarts_the_clock(
+    loop: Loop,
+) -> None:
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    connection = loop.heads[0][0]
+    loop.edge.hand_off(connection)
+    loop.edge.resume(connection, b"")
+    loop.now += 2.0
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")  # the next call on the same connection
+    loop.turn()
+    assert len(loop.heads) == 2
+    loop.edge.hand_off(connection)
+    loop.edge.resume(connection, b"")
+    loop.now += 3.1
+    loop.turn()
+    assert client.recv(1) == b"" and loop.drops == []  # an idle close is not a drop
+
+
+def test_a_pipelined_head_is_read_from_what_the_call_left_buffered(loop: Loop) -> None:
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    connection = loop.heads[0][0]
+    loop.edge.hand_off(connection)
+    loop.edge.resume(connection, b"POST /next HTTP/1.1\r\n\r\n")
+    assert loop.heads[1][1] == b"POST /next HTTP/1.1\r\n\r\n"
+
+
+def test_an_answer_is_sent_whole_then_the_connection_closes_after_reading_what_is_left(
+    loop: Loop,
+) -> None:
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
+    loop.turn()
+    loop.edge.respond(loop.heads[0][0], edge.response_bytes(401, "no"))
+    loop.turn()
+    received = b""
+    while chunk := client.recv(4096):
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 401 ") and received.endswith(b'{"error":"no"}')
+    assert loop.edge.counts()["closing"] == 1  # lingering for the peer's close
+    client.close()
+    loop.turn()
+    assert loop.edge.open == 0
+
+
+def test_a_client_gone_before_its_head_is_forgotten_without_a_drop(loop: Loop) -> None:
+    client = loop.connect()
+    client.close()
+    loop.turn()
+    assert loop.edge.open == 0 and loop.drops == []
+
+
+def test_the_loop_sleeps_no_longer_than_the_next_deadline(loop: Loop) -> None:
+    assert loop.edge.timeout() == edge.TICK_SECONDS
+    loop.connect()
+    loop.now += 4.5
+    assert loop.edge.timeout() == pytest.approx(0.5)
+    loop.now += 1
+    assert loop.edge.timeout() == 0.0
+
+
+def test_a_stopping_worker_keeps_idle_connections_only_briefly(loop: Loop) -> None:
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    connection = loop.heads[0][0]
+    loop.edge.hand_off(connection)
+    loop.edge.resume(connection, b"")
+    loop.edge.linger_idle(1.0)
+    loop.now += 1.1
+    loop.turn()
+    assert client.recv(1) == b""
+
+
+def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_done(
+    tmp_path: Path,
+) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    running = Loop()
+    running.edge._tls = edge.TlsSource(tmp_path / "tls.crt", tmp_path / "tls.key")
+    try:
+        raw = running.connect()
+        assert running.edge.counts()["handshaking"] == 1
+        client = ssl.create_default_context()
+        ca.configure_trust(client)
+        raw.setblocking(False)
+        tls = client.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                tls.do_handshake()
+                break
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                running.turn(1)
+        running.turn()
+        assert running.edge.counts()["handshaking"] == 0
+        assert running.edge.counts()["reading_headers"] == 1
+        tls.setblocking(True)
+        tls.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        running.turn()
+        assert len(running.heads) == 1
+    finally:
+        running.close()
