@@ -45,6 +45,11 @@ def requests_total(code: str, route: str = "/status/sync") -> str:
     return f'cozystack_gpu_hook_requests_total{{route="{route}", code="{code}", instance="a"}}'
 
 
+def dropped(listener: str, reason: str) -> str:
+    labels = f'listener="{listener}", reason="{reason}", instance="a"'
+    return f"cozystack_gpu_hook_connections_dropped_total{{{labels}}}"
+
+
 CASES = [
     Case(
         "GPUClassNotReady",
@@ -180,6 +185,15 @@ CASES = [
         quiet_until="20m",
         fires_at="22m",
         summary="More than one call a minute sends its body too slowly (408)",
+    ),
+    Case(
+        "GPUClassHookConnectionsDropped",
+        firing=[(dropped("hooks", "head_deadline"), "0+20x40")],
+        quiet=[(dropped("hooks", "head_deadline"), "0+5x40"), (requests_total("401"), "0+50x40")],
+        quiet_until="14m",
+        fires_at="22m",
+        labels={"listener": "hooks", "reason": "head_deadline"},
+        summary="The hooks port drops more than ten connections a minute (head_deadline)",
     ),
 ]
 

@@ -218,6 +218,7 @@ def test_class_panels_take_the_freshest_replica() -> None:
 def test_alert_rules_have_summary_description_and_severity() -> None:
     names = {r["alert"] for r in rules()}
     assert names == {
+        "GPUClassHookConnectionsDropped",
         "GPUClassNotReady",
         "GPUClassLicenseSecretMissing",
         "GPUClassLicenseCopyConflict",

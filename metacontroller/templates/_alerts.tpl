@@ -119,4 +119,13 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: "More than one call a minute sends its body too slowly (408)"
       description: "Clients stop sending request bodies before the body deadline: a network problem between Metacontroller or the API server and the hooks, or a client holding connections open on purpose. Each stalled call held a thread until its deadline."
       runbook_url: {{ printf "%s#gpuclasshookstalledbodies" $runbooks | quote }}
+  - alert: GPUClassHookConnectionsDropped
+    expr: sum by (listener, reason) (rate(cozystack_gpu_hook_connections_dropped_total[10m])) * 60 > 10
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `The {{ $labels.listener }} port drops more than ten connections a minute ({{ $labels.reason }})` | quote }}
+      description: "Connections close before they complete their TLS handshake and headers within the head deadline, or past the cap on open connections. Callers on the cluster network send a head in milliseconds: this is a client holding connections on purpose, or a broken one. Hook calls keep their threads meanwhile."
+      runbook_url: {{ printf "%s#gpuclasshookconnectionsdropped" $runbooks | quote }}
 {{- end -}}
