@@ -69,7 +69,9 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
 # Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, several
-# GB); ARGS=--slow-clients: 32 stalled clients beside ten M-sized syncs.
+# GB); ARGS=--slow-clients: 32 stalled clients beside ten M-sized syncs; ARGS=--hostile-clients:
+# trickling heads, stalled handshakes, an idle flood and 1 GB admission declarations, none with
+# the token, beside authenticated calls (about a minute).
 ARGS ?=
 bench-load: $(BIN)/gpuclass-hooks
 	$(BIN)/python -m bench.load $(ARGS)

@@ -22,6 +22,11 @@ does: the latency of /healthz and /readyz (health port) and of small customize c
 M sync is answered 200 once the stalled clients' deadline passed, and the whole process tree's
 peak memory; and, for scale, the p99 of a round trip to a bare loopback echo process under the
 same load (what any call on the machine waits for before the service does anything).
+
+    python -m bench.load --hostile-clients   # make bench-load ARGS=--hostile-clients
+
+reports clients without the token that never finish their head, beside authenticated calls
+(`bench.hostile`).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from pathlib import Path
 import requests
 
 from bench.cluster import generate, license_sync_body, status_sync_body
+from bench.hostile import hostile_clients
 from bench.run import MB, answer, kubevirt_api, post, serve
 
 LIMIT = 2 * 1024 * MB
@@ -332,7 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slow-clients", action="store_true", help="stalled clients beside M-sized syncs"
     )
+    parser.add_argument(
+        "--hostile-clients",
+        action="store_true",
+        help="connections without the token that never finish their head (bench.hostile)",
+    )
     args = parser.parse_args(argv)
+    if args.hostile_clients:
+        with kubevirt_api() as api:
+            return hostile_clients(api)
     if args.slow_clients:
         with kubevirt_api() as api:
             return slow_clients(api, "M")

@@ -243,8 +243,9 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        url = f"http://127.0.0.1:{port}"
-        health, metrics = f"http://127.0.0.1:{health_port}", f"http://127.0.0.1:{metrics_port}"
+        scheme = "https" if "GPUCLASS_TLS_CERT_FILE" in env else "http"
+        url = f"{scheme}://127.0.0.1:{port}"
+        health, metrics = f"http://127.0.0.1:{health_port}", f"{scheme}://127.0.0.1:{metrics_port}"
         try:
             for _ in range(200):
                 try:
