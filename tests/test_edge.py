@@ -220,6 +220,29 @@ def test_a_certificate_and_key_of_different_generations_are_never_served_togethe
     assert served_names(source.context(), ca) == ["second.test"]
 
 
+def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_change(
+    volume: tuple[Path, trustme.CA], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that met the old certificate and the new key (a race no file system makes on
+    demand, so the load is made to fail once): the files are stable afterwards, and the next
+    connection must still get the new pair."""
+    folder, ca = volume
+    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
+    swap(folder, write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test")))
+    load = edge.TlsSource._load
+    failed: list[bool] = []
+
+    def straddled(self: edge.TlsSource) -> ssl.SSLContext:
+        if not failed:
+            failed.append(True)
+            raise ssl.SSLError("[X509: KEY_VALUES_MISMATCH] key values mismatch")
+        return load(self)
+
+    monkeypatch.setattr(edge.TlsSource, "_load", straddled)
+    assert served_names(source.context(), ca) == ["first.test"]
+    assert served_names(source.context(), ca) == ["second.test"]
+
+
 def test_a_certificate_that_does_not_load_at_start_fails_the_start(tmp_path: Path) -> None:
     with pytest.raises((OSError, ssl.SSLError)):
         edge.TlsSource(tmp_path / "missing.crt", tmp_path / "missing.key")
