@@ -61,9 +61,13 @@ def api_settings(api: FakeApiServer) -> Settings:
     return Settings(kube_api=api.url, kube_ca_file="/nonexistent", admission_cache_seconds=0)
 
 
-def vm(namespace: str, name: str, *devices: str, spec: Any = None) -> Any:
+def vm(namespace: str, name: str, *devices: str, spec: Any = None, **review: Any) -> Any:
     body = admission_review(
-        "VMInstance", namespace, name, spec if spec is not None else {"gpus": gpus(*devices)}
+        "VMInstance",
+        namespace,
+        name,
+        spec if spec is not None else {"gpus": gpus(*devices)},
+        **review,
     )
     return decode_review(msgspec.json.encode(body))
 
@@ -73,8 +77,8 @@ def worker_pool(namespace: str, name: str, spec: dict[str, Any]) -> Any:
     return decode_review(msgspec.json.encode(body))
 
 
-def tenant(namespace: str, name: str, quotas: Any) -> Any:
-    body = admission_review("Tenant", namespace, name, {"resourceQuotas": quotas})
+def tenant(namespace: str, name: str, quotas: Any, **review: Any) -> Any:
+    body = admission_review("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
     return decode_review(msgspec.json.encode(body))
 
 
@@ -154,10 +158,11 @@ def test_two_tenant_releases_claiming_one_namespace_deny_the_verdicts_that_need_
         "HelmRelease tenant-root/tenant-x and HelmRelease tenant-root/x-old both claim tenant "
         "namespace tenant-x"
     )
+    edit = {"operation": "UPDATE", "old_spec": {"resourceQuotas": {TOTAL_KEY: "1"}}}
     for review in (
         vm("tenant-a", "v", GPU),
         vm("tenant-x", "v", GPU),
-        tenant("tenant-root", "x", {TOTAL_KEY: "1"}),
+        tenant("tenant-root", "x", {TOTAL_KEY: "1"}, **edit),
     ):
         verdict = verdict_of(review, budgets)
         assert (verdict.allowed, verdict.message) == (
@@ -174,7 +179,8 @@ def test_two_releases_storing_the_app_under_review_deny_when_a_pool_applies(
     stored = helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)})
     copy = renamed(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}), "v-copy")
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, stored, copy)
-    verdict = verdict_of(vm("tenant-a", "v", GPU), budgets)
+    edit = vm("tenant-a", "v", GPU, operation="UPDATE", old_spec={"gpus": []})
+    verdict = verdict_of(edit, budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/v-copy and HelmRelease "
@@ -376,3 +382,66 @@ def test_an_empty_name_label_on_a_tenant_release_names_no_tenant(
     tenant = release_object(msgspec.Raw(msgspec.json.encode(document)))
     assert isinstance(tenant, Tenant)
     assert tenant.name == name and (tenant.unreadable is not None) == unreadable
+
+
+def with_values_from(release: dict[str, Any]) -> dict[str, Any]:
+    """A release whose values Flux also takes from a ConfigMap (`spec.valuesFrom`)."""
+    release["spec"]["valuesFrom"] = [{"kind": "ConfigMap", "name": "vm-values"}]
+    return release
+
+
+def test_a_release_with_values_from_fails_closed_for_the_verdicts_that_need_it(
+    apiserver: FakeApiServer,
+) -> None:
+    """Its gpus may come from the ConfigMap, which the webhook does not read: never counted as
+    holding nothing. Verdicts that do not read the pool's members go on."""
+    hidden = with_values_from(helmrelease("VMInstance", "tenant-a", "hidden", {}))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, hidden)
+    grows = verdict_of(vm("tenant-a", "v", GPU), budgets)
+    assert (grows.allowed, grows.message) == (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-hidden: "
+        "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not read",
+    )
+    assert verdict_of(vm("default", "v", GPU), budgets).allowed is True
+    a_cpu_quota = tenant("tenant-a", "b", {"requests.cpu": "1"})
+    assert verdict_of(a_cpu_quota, budgets).allowed is False  # must-declare: the pool has a key
+    at_zero = verdict_of(tenant("tenant-a", "b", {TOTAL_KEY: "0"}), budgets)
+    assert at_zero.allowed is True
+
+
+def test_a_tenant_release_with_values_from_fails_closed_where_its_quotas_count(
+    apiserver: FakeApiServer,
+) -> None:
+    hidden = with_values_from(helmrelease("Tenant", "tenant-root", "a", {}))
+    budgets = cluster(apiserver, ROOT_TWO, hidden)
+    verdict = verdict_of(vm("tenant-root", "v", GPU), budgets)
+    assert (verdict.allowed, verdict.message) == (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-root/tenant-a: spec.valuesFrom: "
+        "values from a ConfigMap or Secret, which the webhook does not read",
+    )
+
+
+def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere_fails_closed(
+    apiserver: FakeApiServer,
+) -> None:
+    """Flux merges the ConfigMap's values under the new ones (a worker pool's minReplicas, say):
+    the object under review is not the whole of what will be stored."""
+    own = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, own)
+    edit = vm("tenant-a", "v", GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU)})
+    verdict = verdict_of(edit, budgets)
+    assert (verdict.allowed, verdict.message) == (
+        False,
+        "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-v: spec.valuesFrom: "
+        "values from a ConfigMap or Secret, which the webhook does not read",
+    )
+    quotas = with_values_from(
+        helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}})
+    )
+    budgets = cluster(apiserver, ROOT_TWO, quotas)
+    old = {"resourceQuotas": {TOTAL_KEY: "1"}}
+    edited = verdict_of(tenant("tenant-root", "a", {TOTAL_KEY: "1", "requests.cpu": "1"},
+                               operation="UPDATE", old_spec=old), budgets)  # fmt: skip
+    assert edited.allowed is False and "spec.valuesFrom" in edited.message

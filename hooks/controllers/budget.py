@@ -168,6 +168,7 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
             apps=tenancy.apps,
             tenants=tenancy.tenants,
             classes=inputs.classes() if pooled else (),
+            creating=request.operation == "CREATE",
         )
 
     return _checked(request, decide)
@@ -188,9 +189,10 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
     if problem is not None:
         where = f"Tenant {request.namespace}/{name}"
         return _outcome(request, Verdict(False, f"{where}: spec.{problem}"))
-    new = Tenant(request.namespace, name, tenant_declaration(quotas))
+    # A Tenant without a name yet (`generateName`) owns no namespace anyone can know.
+    new = Tenant(request.namespace, name or None, tenant_declaration(quotas))
     old = (
-        Tenant(request.namespace, name, tenant_declaration(old_obj.spec.resource_quotas))
+        Tenant(request.namespace, name or None, tenant_declaration(old_obj.spec.resource_quotas))
         if old_obj
         else None
     )
@@ -209,6 +211,7 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
             apps=tenancy.apps,
             tenants=tenancy.tenants,
             classes=inputs.classes(),
+            creating=request.operation == "CREATE",
         )
 
     return _checked(request, decide)

@@ -75,8 +75,15 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
         head: ReleaseHead = release
         values: AppSpec | None = release.spec.values
         problem = None
+        values_from = bool(release.spec.values_from)
+        if values_from:
+            # Its values are only partly here: never counted as holding nothing.
+            problem = (
+                "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not "
+                "read"
+            )
     except Undecodable as error:
-        values, problem = None, str(error)
+        values, problem, values_from = None, str(error), False
         try:
             head = decoded(_HEAD, raw)
         except Undecodable:
@@ -96,10 +103,12 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
             problem = f"spec.values.{invalid}"
         unreadable = f"{where}: {problem}" if problem else None
         declaration = tenant_declaration(quotas)
-        return Tenant(meta.namespace, name, declaration, unreadable, release=meta.name)
+        return Tenant(
+            meta.namespace, name, declaration, unreadable, meta.name, values_from=values_from
+        )
     unreadable = f"{where}: {problem}" if problem else None
     app = app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
-    return replace(app, release=meta.name)
+    return replace(app, release=meta.name, values_from=values_from)
 
 
 class ReleaseSource(Protocol):

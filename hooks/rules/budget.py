@@ -123,6 +123,7 @@ class Tenant:
     declaration: Mapping[str, int | None] = field(default_factory=dict)
     unreadable: str | None = None
     release: str = ""
+    values_from: bool = False  # part of its values lives elsewhere (Flux's `spec.valuesFrom`)
 
     @property
     def namespace(self) -> str | None:
@@ -155,7 +156,9 @@ class App:
     """A VMInstance or KubernetesNodes app: its GPU entries (resource names), and for worker
     pools their size bounds. `unreadable` says what could not be read of it. `name` is the app's
     name ("" when its release does not say); `release` the name of its HelmRelease ("" for the
-    object under review): every release reserves on its own."""
+    object under review): every release reserves on its own. A release with `values_from` is
+    unreadable too, and stays so when the app under review replaces its values: what it takes from
+    elsewhere is merged under the new values."""
 
     namespace: str
     kind: str
@@ -165,6 +168,7 @@ class App:
     unreadable: str | None = None
     min_replicas: int | None = None
     release: str = ""
+    values_from: bool = False  # part of its values lives elsewhere (Flux's `spec.valuesFrom`)
 
     @property
     def identity(self) -> tuple[str, str, str]:
@@ -292,6 +296,7 @@ class Pools:
     and apps a review read."""
 
     def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
+        tenants = tuple(tenants)  # read twice below: a generator would leave `unplaced` empty
         claims: dict[str, list[Tenant]] = {}
         for tenant in tenants:
             if tenant.namespace is not None:
@@ -333,8 +338,11 @@ class Pools:
         return sum(reservation(app, classes).get(key) for app in self.members(root))
 
     def budget(self, root: str) -> dict[str, int]:
-        """Budget: each bounded tenant is a pool whose budget is its declaration (budget keys)."""
+        """Budget: each bounded tenant is a pool whose budget is its declaration (budget keys).
+        A pool whose own tenant could not be read has no budget anyone can know: FailedClosed."""
         tenant = self.tenant(root)
+        if tenant.unreadable is not None:
+            raise FailedClosed(tenant.unreadable)
         return {key: tenant.units(key) for key in tenant.declaration if is_budget_key(key)}
 
     def name(self, root: str) -> str:
@@ -436,6 +444,7 @@ def check_app(
     apps: Iterable[App],
     tenants: Iterable[Tenant],
     classes: Iterable[ClassIdentity],
+    creating: bool | None = None,
 ) -> Verdict:
     """The app check (`APP_RULES`) for a VMInstance or KubernetesNodes create (old None) or
     update.
@@ -443,21 +452,36 @@ def check_app(
     The pool's reservations count every app of every member namespace, the app under review with
     its new value and not its old one. Only growth is checked: a key whose reservation does not
     grow passes, even in a pool already over budget. A key the pool does not declare is unbounded.
+    `creating` says the review is a CREATE (by default, when there is no old value; an UPDATE
+    whose old object does not decode says so itself).
     """
     classes, tenants, apps = tuple(classes), tuple(tenants), tuple(apps)
-    stored = [app for app in apps if app.identity == new.identity]
+    stored = stored_self(new, apps, old is None if creating is None else creating)
     # The app's own release is counted with its new value, not its old one; when several
     # releases say they store it, none can be left out (each may reserve).
     others = tuple(app for app in apps if app not in stored or len(stored) > 1)
     pools = Pools(tenants, others)
 
     def decide() -> Verdict:
+        partial = [app for app in stored if app.values_from]
+        if partial and pools.root(new.namespace) is not None:
+            raise FailedClosed(partial[0].unreadable or partial[0].release)
         if len(stored) > 1 and pools.root(new.namespace) is not None:
             first, second = sorted(f"HelmRelease {a.namespace}/{a.release}" for a in stored)[:2]
             raise FailedClosed(f"{first} and {second} both store {new.kind} {new.name}")
         return _app_verdict(new, old, pools, classes)
 
     return _decided(decide, tenants, others)
+
+
+def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
+    """The releases that store the app under review: those carrying its identity. A CREATE has
+    no stored self (a release that already carries the identity is another release, and keeps
+    its reservation), and neither has an app without a name yet (`generateName`), which would
+    otherwise match every release without a name label."""
+    if creating or not new.name:
+        return []
+    return [app for app in apps if app.identity == new.identity]
 
 
 @dataclass(frozen=True)
@@ -503,6 +527,7 @@ def app_fits_its_pool(review: AppReview) -> Verdict | None:
     for key in sorted(wanted.keys):
         if key not in budget or wanted.get(key) <= before.get(key):
             continue
+        pools.require_readable(root)  # the pool's arithmetic, read only for a key that grows
         carved = pools.carved_out(root, key)
         reserved = pools.reserved(root, key, review.classes)
         if reserved + carved + wanted.get(key) > budget[key]:
@@ -530,7 +555,6 @@ def _app_verdict(
     root = pools.root(new.namespace)
     if root is None:
         return ALLOWED
-    pools.require_readable(root)
     review = AppReview(new, old, pools, root, classes)
     return _first_denial(rule(review) for rule in APP_RULES)
 
@@ -547,6 +571,7 @@ def check_declaration(
     apps: Iterable[App],
     tenants: Iterable[Tenant],
     classes: Iterable[ClassIdentity],
+    creating: bool | None = None,
 ) -> Verdict:
     """The declaration gate for a Tenant create (old None) or update.
 
@@ -559,14 +584,34 @@ def check_declaration(
     refused = declaration_refused(new)
     if refused is not None:
         return Verdict(False, refused)
-    stored = [t for t in tenants if t.namespace is not None and t.namespace == new.namespace]
+    claiming = [t for t in tenants if t.namespace is not None and t.namespace == new.namespace]
+    # On CREATE nothing stored is the tenant under review: a release already claiming its
+    # namespace is another tenant.
+    creating = old is None if creating is None else creating
+    stored = [] if creating else claiming
     others = tuple(t for t in tenants if t not in stored)
     pools = Pools((*others, new), apps)
     pool = pools.root(parent_namespace(new.namespace))
 
     def decide() -> Verdict:
+        if new.namespace is None:
+            raise FailedClosed(
+                f"Tenant in {new.release_namespace} has no name: its namespace, and the pool "
+                "it carves out of, are unknown"
+            )
+        if creating and claiming:
+            return Verdict(
+                False,
+                f"tenant {new.name}: its namespace {new.namespace} is already claimed by "
+                f"{sorted(t.where for t in claiming)[0]}; two releases of one tenant would make "
+                "every budget verdict in its pool fail closed",
+            )
         if len(stored) > 1:
-            raise FailedClosed(_claimant(new.namespace or "", stored).unreadable or "")
+            raise FailedClosed(_claimant(new.namespace, stored).unreadable or "")
+        if stored and stored[0].values_from:
+            # its quotas from elsewhere are merged under the new ones: the declaration under
+            # review is not the whole of it
+            raise FailedClosed(stored[0].unreadable or stored[0].where)
         pools.require_settled(new.release_namespace)
         return _gate(new, old, pools, pool, classes)
 
@@ -657,12 +702,42 @@ def keeps_pool_keys(review: DeclarationReview) -> Verdict | None:
     )
 
 
+def no_unmapped_devices_under_a_new_bound(review: DeclarationReview) -> Verdict | None:
+    """Devices of a resource no GPUClass names count under no key. A tenant that starts declaring
+    a GPU budget while its own pool holds such devices would take them in uncounted, and they
+    would count, over its budget, once a class names them: refused, naming them, until they are
+    removed or a class names them (the app check's `no_unmapped_devices_escape`, for a bound)."""
+    new, old = review.new, review.old
+    budgeted_before = old is not None and any(is_budget_key(k) for k in old.declaration)
+    if budgeted_before or not any(is_budget_key(k) for k in new.declaration):
+        return None
+    own, pools = review.own, review.pools
+    pools.require_readable(own)
+    holders = {
+        app: reservation(app, review.classes).unmapped
+        for app in pools.members(own)
+        if reservation(app, review.classes).unmapped
+    }
+    if not holders:
+        return None
+    names = ", ".join(sorted(set().union(*holders.values())))
+    first = sorted(f"{app.kind} {app.namespace}/{app.name or app.release}" for app in holders)[0]
+    more = f" and {len(holders) - 1} more" if len(holders) > 1 else ""
+    return Verdict(
+        False,
+        f"tenant {new.name} declares a GPU budget, but its namespaces hold devices of {names}, "
+        f"which no GPUClass names ({first}{more}): they would escape the budget. Remove those "
+        "gpus entries, or create their GPUClass first",
+    )
+
+
 def key_fits_pool(review: DeclarationReview, key: str) -> Verdict | None:
     """Growth fits P: P's budget less every other carve-out and P's members' reservations."""
     new, pools, pool = review.new, review.pools, review.pool
     budget = review.budget
     if pool is None or key not in budget or new.units(key) <= review.previous(key):
         return None
+    pools.require_readable(pool)  # P's arithmetic, read only for a key that grows
     carved = pools.carved_out(pool, key) - new.units(key)
     reserved = pools.reserved(pool, key, review.classes)
     limit = budget[key] - carved - reserved
@@ -719,6 +794,7 @@ def holds_what_is_inside(review: DeclarationReview, key: str) -> Verdict | None:
 TENANT_RULES: tuple[Callable[[DeclarationReview], Verdict | None], ...] = (
     must_declare_pool_keys,
     keeps_pool_keys,
+    no_unmapped_devices_under_a_new_bound,
 )
 KEY_RULES: tuple[Callable[[DeclarationReview, str], Verdict | None], ...] = (
     key_fits_pool,
@@ -734,8 +810,6 @@ def _gate(
     pool: str | None,
     classes: tuple[ClassIdentity, ...],
 ) -> Verdict:
-    if pool is not None:
-        pools.require_readable(pool)  # every rule below reads P's budget or arithmetic
     review = DeclarationReview(new, old, pools, pool, classes)
     keys = sorted(k for k in new.declaration if is_budget_key(k))
     return _first_denial(

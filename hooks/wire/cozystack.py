@@ -59,6 +59,9 @@ class ReleaseHead(_Cozystack):
 
 class HelmReleaseSpec(_Cozystack):
     values: AppSpec = msgspec.field(default_factory=AppSpec)
+    # Flux merges values from ConfigMaps and Secrets into `values`; the webhook reads neither,
+    # so it keeps only whether there are any.
+    values_from: list[msgspec.Raw] = []
 
 
 class HelmRelease(ReleaseHead):

@@ -469,9 +469,11 @@ def test_unreadable_app_in_the_pool_denies_naming_object_and_field() -> None:
         new=vm("tenant-b", "v", L40S), old=None, apps=[legacy], tenants=tenants, classes=CLASSES
     )
     assert other.allowed and other.skipped == (legacy.unreadable,)
-    # the app under review's own stored release is replaced by the new value, never read
+    # on UPDATE the app under review's own stored release is replaced by the new value, never
+    # read; a CREATE has no stored self, so the same release is another one, and read
     replaced = App("tenant-a", VM_INSTANCE, "v", unreadable=legacy.unreadable)
-    assert admit(vm("tenant-a", "v", L40S), [replaced], tenants)[0]
+    assert admit(vm("tenant-a", "v", L40S), [replaced], tenants, old=vm("tenant-a", "v"))[0]
+    assert not admit(vm("tenant-a", "v", L40S), [replaced], tenants)[0]
 
 
 def test_a_tenant_release_that_names_no_tenant_fails_closed_beneath_where_it_lives() -> None:
@@ -536,11 +538,20 @@ def test_documented_denials_are_what_the_rules_say() -> None:
         new: App,
         apps: list[App] = [render],  # noqa: B006
         claims: list[Tenant] = tenants,
+        old: App | None = None,
     ) -> Verdict:
-        return check_app(new=new, old=None, apps=apps, tenants=claims, classes=classes)
+        return check_app(new=new, old=old, apps=apps, tenants=claims, classes=classes)
 
-    def declare(new: Tenant, old: Tenant | None = None, others: list[Tenant] = tenants) -> Verdict:
-        return check_declaration(new=new, old=old, apps=[render], tenants=others, classes=classes)
+    def declare(
+        new: Tenant,
+        old: Tenant | None = None,
+        others: list[Tenant] = tenants,
+        apps: list[App] = [render],  # noqa: B006
+    ) -> Verdict:
+        return check_declaration(new=new, old=old, apps=apps, tenants=others, classes=classes)
+
+    unbudgeted = tenant("tenant-root", "acme", {"requests.cpu": 4})
+    unclassed = vm("tenant-acme", "old", *["nvidia.com/A10"] * 3)
 
     denials = [
         app(vm("tenant-acme", "more", L40S)),
@@ -558,6 +569,20 @@ def test_documented_denials_are_what_the_rules_say() -> None:
         ),
         declare(tenant("tenant-root", "acme", {TOTAL_KEY: 4, l40s: 2, h100: 2}), acme),
         declare(tenant("tenant-root", "acme", {"l40s-24qgpuclass.cozystack.io/devices": 2})),
+        declare(
+            tenant("tenant-root", "acme", {TOTAL_KEY: 1}),
+            unbudgeted,
+            [tenant("tenant-root", "root"), unbudgeted],
+            [unclassed],
+        ),
+        check_declaration(
+            new=lab,
+            old=None,
+            apps=[],
+            tenants=[*tenants[:2], replace(lab, release="lab-old")],
+            classes=classes,
+            creating=True,
+        ),
         app(
             vm("tenant-acme-lab", "v", L40S),
             [render],
@@ -573,7 +598,7 @@ def test_documented_denials_are_what_the_rules_say() -> None:
         assert not verdict.allowed
         assert f"denied: `{verdict.message}`" in documented, verdict.message
     assert app(vm("tenant-acme-team", "x", H100)).allowed
-    assert app(vm("tenant-acme", "render", L40S)).allowed
+    assert app(vm("tenant-acme", "render", L40S), old=render).allowed
 
 
 def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> None:
@@ -813,7 +838,8 @@ def test_an_app_several_releases_store_fails_closed_naming_the_first_two_in_a_po
     new = vm("tenant-a", "v", L40S)
     stored = [release_of(new, name) for name in ("vm-instance-v", "v-copy", "v-old")]
     tenants = [root(gpuclass__cozystack__io__devices=4)]
-    verdict = check_app(new=new, old=None, apps=stored, tenants=tenants, classes=CLASSES)
+    edit = vm("tenant-a", "v")
+    verdict = check_app(new=new, old=edit, apps=stored, tenants=tenants, classes=CLASSES)
     assert verdict == Verdict(
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/v-copy and "
@@ -866,7 +892,8 @@ def test_three_releases_claiming_one_tenant_fail_closed_naming_the_first_two() -
         "GPU budget check failed closed: HelmRelease tenant-root/tenant-x and "
         "HelmRelease tenant-root/x-copy both claim tenant namespace tenant-x",
     )
-    assert gate(tenant("tenant-root", "x", {TOTAL_KEY: 2}), tenants) == failed
+    edit = tenant("tenant-root", "x", {TOTAL_KEY: 1})
+    assert gate(tenant("tenant-root", "x", {TOTAL_KEY: 2}), tenants, old=edit) == failed
     assert admit(vm("tenant-x", "v", L40S), [], tenants) == failed
 
 
@@ -880,3 +907,151 @@ def test_an_app_fails_closed_while_a_release_of_nowhere_could_own_its_namespace(
     )
     placed = [root(), tenant("tenant-root", "a"), nowhere]
     assert admit(vm("tenant-a", "v", L40S), [], placed) == (True, "")
+
+
+# --- four more ways past a pool, and one lock-out (docs/gpu-budgets.md) ----------------------
+
+A10 = "nvidia.com/NVIDIA_A10-24Q"  # a resource no class of CLASSES names
+
+
+def test_a_new_gpu_bound_is_refused_while_its_namespaces_hold_devices_no_class_names() -> None:
+    """Three unclassed devices under a bound of 1 would count 3 of 1 once a class names them."""
+    held = [vm("tenant-a", "old", A10, A10, A10), release_of(vm("tenant-a-b", "w", A10), "w")]
+    tenants = [root(), tenant("tenant-root", "a"), tenant("tenant-a", "b")]
+    bound = tenant("tenant-root", "a", {TOTAL_KEY: 1})
+    allowed, message = gate(bound, tenants, held, old=tenant("tenant-root", "a"))
+    assert (allowed, message) == (
+        False,
+        f"tenant a declares a GPU budget, but its namespaces hold devices of {A10}, which no "
+        "GPUClass names (VMInstance tenant-a-b/w and 1 more): they would escape the budget. "
+        "Remove those gpus entries, or create their GPUClass first",
+    )
+    assert gate(bound, tenants, held[:0], old=tenant("tenant-root", "a")) == (True, "")
+    # once classed, they count like any other device: the floor holds them
+    a10 = ClassIdentity("a10", "2026-03-01T00:00:00Z", False, A10)
+    classed = check_declaration(
+        new=bound, old=tenant("tenant-root", "a"), apps=held, tenants=tenants,
+        classes=(*CLASSES, a10),
+    )  # fmt: skip
+    assert not classed.allowed and "4 are held inside it already" in classed.message
+
+
+def test_a_bound_that_already_had_a_gpu_key_is_not_held_to_unclassed_devices_again() -> None:
+    """Only the step from no GPU budget to one is checked: the app check refused unclassed
+    devices in the pool since."""
+    held = [vm("tenant-a", "old", A10)]
+    before = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    tenants = [root(), before]
+    grown = tenant("tenant-root", "a", {TOTAL_KEY: 4, L40S_KEY: 2})
+    assert gate(grown, tenants, held, old=before) == (True, "")
+
+
+def test_on_create_a_release_already_carrying_the_apps_identity_is_another_release() -> None:
+    """VM v created beside `vm-instance-v-legacy`, labelled v, with 3 devices: both reserve."""
+    legacy = release_of(vm("tenant-a", "v", L40S, L40S, L40S), "vm-instance-v-legacy")
+    tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4}), tenant("tenant-root", "a")]
+    creating = check_app(
+        new=vm("tenant-a", "v", L40S, L40S), old=None, apps=[legacy], tenants=tenants,
+        classes=CLASSES, creating=True,
+    )  # fmt: skip
+    assert not creating.allowed and "2 reserved by other apps" not in creating.message
+    assert "3 reserved by other apps" in creating.message
+
+
+def test_on_create_a_tenant_whose_namespace_another_release_claims_is_refused() -> None:
+    """Tenant lab beside `lab-old` (labelled lab): carving both would pass the budget, and two
+    claimants would lock the pool."""
+    lab_old = replace(tenant("tenant-acme", "lab", {TOTAL_KEY: 3}), release="lab-old")
+    tenants = [root(), tenant("tenant-root", "acme", {TOTAL_KEY: 4}), lab_old]
+    verdict = check_declaration(
+        new=tenant("tenant-acme", "lab", {TOTAL_KEY: 1}), old=None, apps=[], tenants=tenants,
+        classes=CLASSES, creating=True,
+    )  # fmt: skip
+    assert verdict == Verdict(
+        False,
+        "tenant lab: its namespace tenant-acme-lab is already claimed by HelmRelease "
+        "tenant-acme/lab-old; two releases of one tenant would make every budget verdict in its "
+        "pool fail closed",
+    )
+
+
+def test_an_app_without_a_name_matches_no_release() -> None:
+    """A CREATE under `generateName` (no name yet) took the one unlabelled release as itself and
+    left its 3 devices uncounted; an update cannot have an empty name either."""
+    unlabelled = release_of(App("tenant-a", VM_INSTANCE, "", (L40S,) * 3), "vm-instance-legacy")
+    tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4}), tenant("tenant-root", "a")]
+    for creating in (True, False):
+        verdict = check_app(
+            new=vm("tenant-a", "", L40S, L40S), old=vm("tenant-a", ""), apps=[unlabelled],
+            tenants=tenants, classes=CLASSES, creating=creating,
+        )  # fmt: skip
+        assert not verdict.allowed and "3 reserved by other apps" in verdict.message
+
+
+def test_a_tenant_without_a_name_fails_closed_where_its_pool_matters() -> None:
+    tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4})]
+    nameless = Tenant("tenant-root", None, {TOTAL_KEY: 9})
+    assert gate(nameless, tenants) == (
+        False,
+        f"{FAILED_CLOSED}Tenant in tenant-root has no name: its namespace, and the pool it "
+        "carves out of, are unknown",
+    )
+
+
+UNREADABLE_VM = App(
+    "tenant-a",
+    VM_INSTANCE,
+    "legacy",
+    unreadable="HelmRelease tenant-a/vm-instance-legacy: spec.values.gpus: expected a list, got "
+    "null",
+    release="vm-instance-legacy",
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "old"),
+    [
+        ({TOTAL_KEY: 1, "requests.cpu": 2}, {TOTAL_KEY: 1, "requests.cpu": 2}),  # unchanged
+        ({TOTAL_KEY: 1, "requests.cpu": 1}, {TOTAL_KEY: 1, "requests.cpu": 2}),  # cpu lowered
+        ({TOTAL_KEY: 0}, None),  # a new sub-tenant at 0
+    ],
+)
+def test_a_declaration_that_grows_nothing_passes_beside_an_unreadable_member(
+    change: dict[str, int], old: dict[str, int] | None
+) -> None:
+    """Only growth reads the pool's members: one legacy VM with `gpus: null` in tenant-a must
+    not lock every sub-tenant declaration of the pool."""
+    a = tenant("tenant-root", "a", {TOTAL_KEY: 4})
+    before = tenant("tenant-a", "b", old) if old is not None else None
+    tenants = [root(), a, *([before] if before else [])]
+    new = tenant("tenant-a", "b", change)
+    assert gate(new, tenants, [UNREADABLE_VM], old=before) == (True, "")
+    grown = tenant("tenant-a", "b", {**change, TOTAL_KEY: 2})
+    assert gate(grown, tenants, [UNREADABLE_VM], old=before) == (
+        False,
+        f"{FAILED_CLOSED}{UNREADABLE_VM.unreadable}",
+    )
+
+
+def test_an_app_growing_only_keys_its_pool_does_not_declare_passes_beside_an_unreadable_member(
+) -> None:  # fmt: skip
+    tenants = [root(), tenant("tenant-root", "a", {L40S_KEY: 2})]
+    assert admit(vm("tenant-a", "h", H100), [UNREADABLE_VM], tenants)[0]
+    assert admit(vm("tenant-a", "l", L40S), [UNREADABLE_VM], tenants) == (
+        False,
+        f"{FAILED_CLOSED}{UNREADABLE_VM.unreadable}",
+    )
+
+
+def test_a_pool_whose_own_tenant_cannot_be_read_has_no_budget_anyone_can_know() -> None:
+    unreadable_a = Tenant("tenant-root", "a", {}, "HelmRelease tenant-root/tenant-a: bad")
+    assert admit(vm("tenant-a", "v", "nvidia.com/unclassed"), [], [root(), unreadable_a]) == (
+        False,
+        f"{FAILED_CLOSED}HelmRelease tenant-root/tenant-a: bad",
+    )
+
+
+def test_pools_read_tenants_given_as_a_generator_whole() -> None:
+    unplaced = Tenant("tenant-root", None, {}, "HelmRelease tenant-root/legacy: no name")
+    pools = Pools(t for t in (root(), unplaced))
+    assert pools.unplaced == (unplaced,) and set(pools.tenants) == {"tenant-root"}

@@ -296,22 +296,46 @@ PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "k
 SLASHLESS = ("gpuclass.cozystack.io", "l40s.gpuclass.cozystack.io")
 
 
+# A resource no class names until the hoster makes one (`ClassOperation`).
+A10 = "nvidia.com/NVIDIA_A10-24Q"
+A10_CLASS = ClassIdentity("a10", "2026-03-01T00:00:00Z", False, A10)
+A10_KEY = "a10.gpuclass.cozystack.io/devices"
+
+
 @dataclass(frozen=True)
 class Release:
-    """A HelmRelease as the API server stores it: where, its name, its labels, its values."""
+    """A HelmRelease as the API server stores it: where, its name, its labels, its values, and
+    `hidden`: values Flux takes from a ConfigMap (`spec.valuesFrom`), which the webhook cannot
+    read but Flux merges under `values`."""
 
     namespace: str
     name: str
     kind: str
     label: str | None  # the application.name label; None: missing ("" counts the same)
     values: dict[str, Any]
+    hidden: dict[str, Any] | None = None
 
     def raw(self) -> msgspec.Raw:
         labels = {KIND_LABEL: self.kind}
         if self.label is not None:
             labels[NAME_LABEL] = self.label
         body = {"metadata": {"name": self.name, "namespace": self.namespace, "labels": labels}}
-        return msgspec.Raw(json.dumps({**body, "spec": {"values": self.values}}).encode())
+        spec: dict[str, Any] = {"values": self.values}
+        if self.hidden is not None:
+            spec["valuesFrom"] = [{"kind": "ConfigMap", "name": f"{self.name}-values"}]
+        return msgspec.Raw(json.dumps({**body, "spec": spec}).encode())
+
+    @property
+    def effective(self) -> dict[str, Any]:
+        """What Flux installs: the hidden values with `values` merged over them (maps key by
+        key, anything else replaced)."""
+        merged = dict(self.hidden or {})
+        for key, value in self.values.items():
+            below = merged.get(key)
+            merged[key] = (
+                {**below, **value} if isinstance(below, dict) and isinstance(value, dict) else value
+            )
+        return merged
 
 
 def claimed_tenant(release: Release) -> str | None:
@@ -351,9 +375,15 @@ class LegacyReleases:
 @dataclass(frozen=True)
 class LegacyCluster:
     releases: tuple[Release, ...]
+    classed_a10: bool = False  # the hoster made a GPUClass for A10
 
     def classes(self) -> list[ClassIdentity]:
-        return list(CLASSES)
+        return [*CLASSES, *([A10_CLASS] if self.classed_a10 else [])]
+
+    def key_of(self, resource: str) -> str | None:
+        if resource == A10:
+            return A10_KEY if self.classed_a10 else None
+        return CLASS_OF[resource]
 
     def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
         return scoped_tenancy(LegacyReleases(self.releases), namespaces)
@@ -365,7 +395,7 @@ class LegacyCluster:
         for release in self.releases:
             name = claimed_tenant(release) if release.kind == "Tenant" else None
             if name is not None:
-                quotas = release.values.get("resourceQuotas", {})
+                quotas = release.effective.get("resourceQuotas", {})
                 found.setdefault(own_namespace(release.namespace, name), []).append(quotas)
         return found
 
@@ -380,11 +410,13 @@ class LegacyCluster:
         for release in self.releases:
             if release.kind == "Tenant" or self.pool_of(release.namespace) != pool:
                 continue
+            values = release.effective
             times = 1
             if release.kind == "KubernetesNodes":
-                most = release.values.get("maxReplicas")
-                times = max(10 if most is None else most, release.values.get("minReplicas") or 0)
-            per_key = Counter(CLASS_OF[g["name"]] for g in release.values.get("gpus", []))
+                most = values.get("maxReplicas")
+                times = max(10 if most is None else most, values.get("minReplicas") or 0)
+            per_key = Counter(self.key_of(g["name"]) for g in values.get("gpus", []))
+            per_key.pop(None, None)  # unclassed devices count under no key
             total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
         for namespace, claimed in self.claims().items():
             if namespace != pool and self.pool_of(parent_of(namespace)) == pool:
@@ -396,7 +428,7 @@ class LegacyCluster:
         found: dict[str, dict[str, int]] = {}
         for namespace, claimed in self.claims().items():
             for quotas in claimed:
-                for key in BUDGET_KEYS:
+                for key in (*BUDGET_KEYS, A10_KEY):
                     if key in quotas:
                         pool = found.setdefault(namespace, {})
                         pool[key] = min(pool.get(key, int(quotas[key])), int(quotas[key]))
@@ -420,12 +452,21 @@ class LegacyCluster:
 
 @dataclass(frozen=True)
 class AppOperation:
+    """An app create or update; `create` sends a CREATE even where a release of another name
+    already carries the app's name label, and an empty name is a create under `generateName`."""
+
     namespace: str
     kind: str
     name: str
     gpus: tuple[str, ...]
     max_replicas: int | None = None
     min_replicas: int | None = None
+    create: bool = False
+
+
+@dataclass(frozen=True)
+class ClassOperation:
+    """The hoster makes a GPUClass for A10: no review, devices already held start to count."""
 
 
 @dataclass(frozen=True)
@@ -436,12 +477,23 @@ class TenantOperation:
 
 
 def apply(
-    cluster: LegacyCluster, operation: AppOperation | TenantOperation
+    cluster: LegacyCluster, operation: AppOperation | TenantOperation | ClassOperation
 ) -> tuple[bool, LegacyCluster]:
     """What the webhook says of the operation, and the cluster with it stored: Cozystack writes
     the release named after the app (`vm-instance-<name>`, `tenant-<name>`), labelled or not, and
     makes it labelled when there is none. The webhook sees the stored app through its label only,
     and other releases claiming the same app stay as they are."""
+    if isinstance(operation, ClassOperation):
+        return True, replace(cluster, classed_a10=True)
+    if isinstance(operation, AppOperation) and not operation.name:
+        # generateName: reviewed without a name, stored under the one the API server makes
+        generated = f"gen{len(cluster.releases)}"
+        spec = app_body(operation.gpus, operation.max_replicas)
+        body = request(operation.kind, operation.namespace, "", spec, None)
+        allowed = review_app(decode(body), cluster).verdict.allowed
+        release = f"{PREFIX[operation.kind]}-{generated}"
+        made = Release(operation.namespace, release, operation.kind, generated, spec)
+        return allowed, replace(cluster, releases=(*cluster.releases, made))
     if isinstance(operation, AppOperation):
         kind, namespace, name = operation.kind, operation.namespace, operation.name
         values: dict[str, Any] = {"gpus": [{"name": g} for g in operation.gpus]}
@@ -462,7 +514,8 @@ def apply(
         ]
     release_name = f"{PREFIX[kind]}-{name}"
     written = [r for r in cluster.releases if (r.namespace, r.name) == (namespace, release_name)]
-    old = (written or stored or [None])[0]
+    creating = isinstance(operation, AppOperation) and operation.create and not written
+    old = None if creating else (written or stored or [None])[0]
     body = request(kind, namespace, name, values, old.values if old is not None else None)
     review = review_tenant if kind == "Tenant" else review_app
     allowed = review(decode(body), cluster).verdict.allowed
@@ -474,15 +527,23 @@ def apply(
             *cluster.releases,
             Release(namespace, f"{PREFIX[kind]}-{name}", kind, name, values),
         )
-    return allowed, LegacyCluster(releases)
+    return allowed, replace(cluster, releases=releases)
 
 
 @st.composite
 def legacy_clusters(draw: st.DrawFn) -> LegacyCluster:
     """A consistent labelled tree (as `trees`), then legacy damage that keeps it consistent in
     the model: name labels dropped or emptied, second releases claiming an unbounded tenant,
-    unplaceable Tenant releases."""
+    unplaceable Tenant releases, values taken from ConfigMaps; or, with a root that bounds no
+    GPU key, devices no class names yet, held anywhere."""
     tree = draw(trees())
+    if draw(st.booleans()):
+        # a cluster whose hoster has set no GPU budget yet: unclassed devices are fine anywhere
+        tree.tenants[("tenant-root", "root")] = {"requests.cpu": 0}
+        namespaces = sorted(own_namespace(r, n) for r, n in tree.tenants)
+        for index in range(draw(st.integers(1, 3))):
+            where = draw(st.sampled_from(namespaces))
+            tree.apps[(where, "VMInstance", f"unclassed{index}")] = ((A10,) * (index + 1), None)
     releases = [
         Release(r, f"tenant-{n}", "Tenant", n, {"resourceQuotas": q} if q else {})
         for (r, n), q in tree.tenants.items()
@@ -494,7 +555,11 @@ def legacy_clusters(draw: st.DrawFn) -> LegacyCluster:
     damaged = []
     for release in releases:
         label = draw(st.sampled_from((release.label, None, "")))
-        damaged.append(replace(release, label=label))
+        release = replace(release, label=label)
+        if release.kind != "Tenant" and draw(st.integers(0, 5)) == 0:
+            # its gpus moved into a ConfigMap the release takes its values from
+            release = replace(release, values={}, hidden=release.values)
+        damaged.append(release)
     namespaces = sorted({own_namespace(r, n) for r, n in tree.tenants})
     unbounded = sorted((r, n) for (r, n), q in tree.tenants.items() if not q)
     for release_namespace, name in draw(st.lists(st.sampled_from(unbounded), max_size=2)):
@@ -512,19 +577,20 @@ def legacy_clusters(draw: st.DrawFn) -> LegacyCluster:
 
 
 @st.composite
-def operations(draw: st.DrawFn) -> AppOperation | TenantOperation:
+def operations(draw: st.DrawFn) -> AppOperation | TenantOperation | ClassOperation:
     namespace = draw(st.sampled_from(("tenant-root", "tenant-a", "tenant-a-b", "tenant-a-b-c")))
+    if draw(st.integers(0, 15)) == 0:
+        return ClassOperation()
     if draw(st.booleans()):
         kind = draw(st.sampled_from(("VMInstance", "KubernetesNodes")))
-        gpus = tuple(draw(st.lists(st.sampled_from((L40S, H100)), max_size=3)))
+        gpus = tuple(draw(st.lists(st.sampled_from((L40S, H100, A10)), max_size=3)))
         most = least = None
         if kind == "KubernetesNodes":
             most = draw(st.none() | st.integers(0, 3))
             least = draw(st.none() | st.integers(0, 4))
-        return AppOperation(
-            namespace, kind, draw(st.sampled_from(("v1", "p1", "app0"))), gpus, most, least
-        )
-    keys = st.sampled_from((*QUOTA_KEYS, *SLASHLESS))
+        name = draw(st.sampled_from(("v1", "p1", "app0", "unclassed0", "")))
+        return AppOperation(namespace, kind, name, gpus, most, least, draw(st.booleans()))
+    keys = st.sampled_from((*QUOTA_KEYS, A10_KEY, *SLASHLESS))
     quotas = draw(st.dictionaries(keys, st.integers(0, 12), max_size=4))
     return TenantOperation(namespace, draw(st.sampled_from(NAMES)), quotas)
 
@@ -545,6 +611,33 @@ TWO_UNLABELLED_VMS = LegacyCluster(
 )
 
 
+ROOT_FOUR = Release("tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {TOTAL: 4}})
+TENANT_A = Release("tenant-root", "tenant-a", "Tenant", "a", {})
+THREE_L40S = {"gpus": [{"name": L40S}] * 3}
+UNCLASSED_DEVICES = LegacyCluster(
+    (
+        Release(
+            "tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {"requests.cpu": 1}}
+        ),
+        TENANT_A,
+        Release("tenant-a", "vm-instance-old", "VMInstance", "old", {"gpus": [{"name": A10}] * 3}),
+    )
+)
+LEGACY_V = LegacyCluster(
+    (
+        ROOT_FOUR,
+        TENANT_A,
+        Release("tenant-a", "vm-instance-v-legacy", "VMInstance", "v", THREE_L40S),
+    )
+)
+UNLABELLED_LEGACY_VM = LegacyCluster(
+    (ROOT_FOUR, TENANT_A, Release("tenant-a", "vm-instance-legacy", "VMInstance", None, THREE_L40S))
+)
+HIDDEN_VM = LegacyCluster(
+    (ROOT_FOUR, TENANT_A, Release("tenant-a", "vm-instance-h", "VMInstance", "h", {}, THREE_L40S))
+)
+
+
 TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
     (
         Release("tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {TOTAL: 2}}),
@@ -560,6 +653,19 @@ TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(start=legacy_clusters(), steps=st.lists(operations(), min_size=1, max_size=25))
+@example(  # 1: three unclassed devices bounded to 1, then the class is made
+    start=UNCLASSED_DEVICES,
+    steps=[TenantOperation("tenant-root", "a", {TOTAL: 1}), ClassOperation()],
+)
+@example(  # 2: a CREATE beside a release of another name that carries its name label
+    start=LEGACY_V, steps=[AppOperation("tenant-a", "VMInstance", "v", (L40S, L40S), create=True)]
+)
+@example(  # 3: a CREATE without a name beside an unlabelled release
+    start=UNLABELLED_LEGACY_VM, steps=[AppOperation("tenant-a", "VMInstance", "", (L40S, L40S))]
+)
+@example(  # 4: a release whose gpus come from a ConfigMap
+    start=HIDDEN_VM, steps=[AppOperation("tenant-a", "VMInstance", "w", (L40S, L40S))]
+)
 @example(  # escape 1: a root release without its name label, its budget passed by
     start=UNLABELLED_ROOT, steps=[AppOperation("tenant-a", "VMInstance", "big", (L40S,) * 5)]
 )
@@ -571,7 +677,7 @@ TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
     steps=[AppOperation("tenant-root", "VMInstance", "v", (L40S,))],
 )
 def test_no_admitted_operation_breaks_a_pool_of_a_legacy_cluster(
-    start: LegacyCluster, steps: list[AppOperation | TenantOperation]
+    start: LegacyCluster, steps: list[AppOperation | TenantOperation | ClassOperation]
 ) -> None:
     cluster = start
     for operation in steps:
