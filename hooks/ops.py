@@ -33,9 +33,6 @@ from hooks.logs import log
 from hooks.metrics import Metrics
 from hooks.settings import Settings
 
-# A probe or a scrape that has not sent its request line and headers by then is dropped (the
-# service passes GPUCLASS_HEADER_TIMEOUT_SECONDS).
-REQUEST_TIMEOUT_SECONDS = 5.0
 # Open connections per listener; past it, those that have not sent their head go first.
 MAX_CONNECTIONS = 512
 BACKLOG = 128
@@ -206,19 +203,13 @@ def listen(
     routes: dict[str, Route],
     tls: TlsSource | None,
     *,
+    head_seconds: float,
     name: str = "health",
-    head_seconds: float | None = None,
     metrics: Metrics | None = None,
 ) -> Listener:
-    return Listener(
-        host,
-        port,
-        routes,
-        tls,
-        name=name,
-        head_seconds=REQUEST_TIMEOUT_SECONDS if head_seconds is None else head_seconds,
-        metrics=metrics,
-    )
+    """A probe or a scrape that has not sent its request line and headers within `head_seconds`
+    of accept is dropped."""
+    return Listener(host, port, routes, tls, name=name, head_seconds=head_seconds, metrics=metrics)
 
 
 def server_tls(settings: Settings) -> TlsSource | None:

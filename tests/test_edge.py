@@ -276,6 +276,16 @@ class Loop:
         self.turn()
         return client
 
+    def called(self, client: socket.socket) -> edge.Connection:
+        """The client sends a head, the owner takes the call, and gives the connection back
+        idle."""
+        client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        self.turn()
+        connection = self.heads[-1][0]
+        self.edge.hand_off(connection)
+        self.edge.resume(connection, b"")
+        return connection
+
     def turn(self, rounds: int = 3) -> None:
         for _ in range(rounds):
             self.edge.accept(self.listener)
@@ -334,11 +344,8 @@ def test_past_the_cap_the_oldest_unfinished_head_goes_then_the_oldest_idle_one(l
     loop.turn()
     [(call, _, _)] = loop.heads
     loop.edge.hand_off(call)
-    idle_client = loop.connect()
-    idle_client.sendall(b"POST / HTTP/1.1\r\n\r\n")
-    loop.turn()
-    loop.edge.hand_off(loop.heads[1][0])
-    loop.edge.resume(loop.heads[1][0], b"")  # back from its call, idle
+    idle = loop.connect()
+    loop.called(idle)  # back from its call, idle
     silent = [loop.connect() for _ in range(6)]  # 8 open: the cap
     assert loop.edge.counts() == {
         "handshaking": 0,
@@ -354,24 +361,17 @@ def test_past_the_cap_the_oldest_unfinished_head_goes_then_the_oldest_idle_one(l
         loop.connect()
     assert loop.edge.counts()["in_call"] == 1  # never a call in progress
     assert loop.edge.counts()["idle"] == 1  # heads went first
-    del newcomer
+    del newcomer, idle
 
 
 def test_an_idle_connection_closes_after_its_idle_timeout_and_a_new_head_restarts_the_clock(
     loop: Loop,
 ) -> None:
     client = loop.connect()
-    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
-    loop.turn()
-    connection = loop.heads[0][0]
-    loop.edge.hand_off(connection)
-    loop.edge.resume(connection, b"")
+    connection = loop.called(client)
     loop.now += 2.0
-    client.sendall(b"POST / HTTP/1.1\r\n\r\n")  # the next call on the same connection
-    loop.turn()
+    assert loop.called(client) is connection  # the next call on the same connection
     assert len(loop.heads) == 2
-    loop.edge.hand_off(connection)
-    loop.edge.resume(connection, b"")
     loop.now += 3.1
     loop.turn()
     assert client.recv(1) == b"" and loop.drops == []  # an idle close is not a drop
@@ -423,11 +423,7 @@ def test_the_loop_sleeps_no_longer_than_the_next_deadline(loop: Loop) -> None:
 
 def test_a_stopping_worker_keeps_idle_connections_only_briefly(loop: Loop) -> None:
     client = loop.connect()
-    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
-    loop.turn()
-    connection = loop.heads[0][0]
-    loop.edge.hand_off(connection)
-    loop.edge.resume(connection, b"")
+    loop.called(client)
     loop.edge.linger_idle(1.0)
     loop.now += 1.1
     loop.turn()

@@ -61,6 +61,12 @@ def client_context(pki: dict[str, Path]) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(pki["ca"]))
 
 
+def tls_to(server: LiveServer, pki: dict[str, Path]) -> ssl.SSLSocket:
+    """A TLS connection to the hook port, handshake done, every read bounded."""
+    raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
+    return client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1")
+
+
 def customize(server: LiveServer, pki: dict[str, Path]) -> requests.Response:
     return requests.post(
         f"{server.url}/status/customize",
@@ -95,9 +101,7 @@ def test_a_trickling_head_holds_no_thread_and_is_closed_at_its_deadline(
     with served(pki, tmp_path) as server, ExitStack() as stack:
         trickling = []
         for _ in range(10):  # five times the threads
-            raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
-            tls = client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1")
-            stack.enter_context(tls)
+            tls = stack.enter_context(tls_to(server, pki))
             tls.sendall(b"POST /status/customize HTTP/1.1\r\nHo")
             trickling.append(tls)
         started = time.monotonic()
@@ -160,8 +164,7 @@ def test_an_admission_review_that_declares_a_gigabyte_is_413_at_once_and_closed(
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
     with served(pki, tmp_path) as server:
-        raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with tls_to(server, pki) as tls:
             started = time.monotonic()
             tls.sendall(
                 b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -178,8 +181,7 @@ def test_without_the_token_a_call_that_expects_100_continue_gets_401_and_never_1
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
     with served(pki, tmp_path) as server:
-        raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with tls_to(server, pki) as tls:
             tls.sendall(
                 b"POST /status/sync HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                 b"Content-Length: 50000000\r\n\r\n"
@@ -191,18 +193,16 @@ def test_without_the_token_a_call_that_expects_100_continue_gets_401_and_never_1
 def test_with_the_token_100_continue_is_sent_after_the_check(
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
-    with served(pki, tmp_path) as server:
-        raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            head = (
-                f"POST /status/customize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(CUSTOMIZE)}\r\n\r\n"
-            )
-            tls.sendall(head.encode())
-            tls.settimeout(3)
-            assert tls.recv(4096).startswith(b"HTTP/1.1 100 Continue")
-            tls.sendall(CUSTOMIZE)
-            assert tls.recv(4096).startswith(b"HTTP/1.1 200 ")
+    with served(pki, tmp_path) as server, tls_to(server, pki) as tls:
+        head = (
+            f"POST /status/customize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {len(CUSTOMIZE)}\r\n\r\n"
+        )
+        tls.sendall(head.encode())
+        tls.settimeout(3)
+        assert tls.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+        tls.sendall(CUSTOMIZE)
+        assert tls.recv(4096).startswith(b"HTTP/1.1 200 ")
 
 
 def test_a_refusal_in_a_hook_thread_closes_its_connection_unread(
@@ -211,8 +211,7 @@ def test_a_refusal_in_a_hook_thread_closes_its_connection_unread(
     """A call the memory budget can never hold gets 413 from the app, which gunicorn would keep
     alive and drain: it is closed instead."""
     with served(pki, tmp_path, GPUCLASS_MEMORY_BUDGET_BYTES=str(64 * 1024 * 1024)) as server:
-        raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with tls_to(server, pki) as tls:
             tls.sendall(
                 f"POST /status/sync HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
                 "Content-Length: 500000000\r\n\r\n".encode()
@@ -228,10 +227,7 @@ def test_past_the_cap_unfinished_heads_are_dropped_and_a_call_in_progress_is_ans
 ) -> None:
     with served(pki, tmp_path, GPUCLASS_MAX_CONNECTIONS="16") as server, ExitStack() as stack:
         port = port_of(server.url)
-        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-        in_call = stack.enter_context(
-            client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1")
-        )
+        in_call = stack.enter_context(tls_to(server, pki))
         in_call.sendall(
             f"POST /status/customize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
             f"Content-Length: {len(CUSTOMIZE)}\r\n\r\n".encode()
@@ -257,8 +253,7 @@ def test_a_call_accepted_during_the_drain_delay_is_answered_and_then_new_ones_ar
         server.process.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # inside the drain delay: still accepting, readiness 503
         assert requests.get(f"{server.health}/readyz", timeout=2).status_code == 503
-        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        with tls_to(server, pki) as tls:
             tls.sendall(
                 f"POST /status/customize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
                 f"Content-Length: {len(CUSTOMIZE)}\r\n\r\n".encode()

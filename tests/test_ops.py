@@ -119,10 +119,10 @@ def test_metrics_speak_the_hooks_tls_and_probes_stay_plain(
 
 
 def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
-    state: ops.ServiceState, metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+    state: ops.ServiceState, metrics: Metrics
 ) -> None:
-    """Each connection has its own thread, and one that says nothing is closed after the request
-    timeout: a client cannot hold the probes."""
+    """A connection that says nothing waits in the listener's event loop, not in a thread, and is
+    closed at the head deadline: a client cannot hold the probes."""
     for health, _ in started(Settings(header_timeout_seconds=0.5), state, metrics):
         port = int(health.rsplit(":", 1)[1])
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
@@ -142,7 +142,7 @@ def test_two_workers_can_listen_on_the_same_ports(
 ) -> None:
     first, scrape = ops.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
     try:
-        second = ops.listen("127.0.0.1", first.port, ops.health_routes(state), None)
+        second = ops.listen("127.0.0.1", first.port, ops.health_routes(state), None, head_seconds=5)
         second.stop()
     finally:
         first.stop()
@@ -204,7 +204,7 @@ def test_metrics_required_to_be_authenticated_with_no_token_file_stay_open(
 
 
 def test_a_tls_client_that_never_says_hello_is_dropped(
-    tmp_path: Path, state: ops.ServiceState, metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, state: ops.ServiceState, metrics: Metrics
 ) -> None:
     settings, _ = tls_settings(tmp_path)
     settings = settings.model_copy(update={"header_timeout_seconds": 0.3})
@@ -246,7 +246,7 @@ def test_broken_clients_leave_no_trace_and_the_listener_answers_on(
 def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
     state: ops.ServiceState,
 ) -> None:
-    listener = ops.listen("127.0.0.1", 0, ops.health_routes(state), None)
+    listener = ops.listen("127.0.0.1", 0, ops.health_routes(state), None, head_seconds=5)
     assert listener.thread.is_alive() and listener.thread.daemon
     assert listener.thread.name == "listener :0"
     time.sleep(0.25)  # well into a poll, whatever its interval
@@ -274,7 +274,7 @@ def test_an_error_in_a_route_is_one_log_line_and_no_traceback_on_stderr(
     def broken(headers: dict[str, str]) -> ops.Reply:
         raise RuntimeError(headers["authorization"])  # a message that quotes the request
 
-    listener = ops.listen("127.0.0.1", 0, {"/broken": broken}, None)
+    listener = ops.listen("127.0.0.1", 0, {"/broken": broken}, None, head_seconds=5)
     try:
         with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
             with pytest.raises(requests.exceptions.ConnectionError):
