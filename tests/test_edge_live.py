@@ -279,3 +279,53 @@ def test_probes_answer_while_the_health_port_is_flooded(
         for _ in range(20):
             assert requests.get(f"{server.health}/readyz", timeout=2).status_code == 200
         assert time.monotonic() - started < 2.0
+
+
+def test_a_kept_alive_tls_connection_serves_call_after_call_and_pipelined_heads(
+    pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Metacontroller reuses its connections: between calls a connection waits in the event loop,
+    and a head sent before the previous answer (already decrypted, held by the TLS layer) is read
+    from what the call left behind."""
+    call = (
+        f"POST /status/customize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Length: {len(CUSTOMIZE)}\r\n\r\n"
+    ).encode() + CUSTOMIZE
+    with served(pki, tmp_path) as server, tls_to(server, pki) as tls:
+        for _ in range(5):
+            tls.sendall(call)
+            assert answers(tls, 1) == [200]
+            time.sleep(0.1)  # idle in the loop between calls
+        tls.sendall(call * 3)
+        assert answers(tls, 3) == [200, 200, 200]
+        with requests.Session() as session:
+            for _ in range(10):
+                response = session.post(
+                    f"{server.url}/status/customize",
+                    data=CUSTOMIZE,
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    verify=str(pki["ca"]),
+                    timeout=3,
+                )
+                assert response.status_code == 200
+
+
+def answers(tls: ssl.SSLSocket, count: int) -> list[int]:
+    """The codes of the next `count` answers on the connection (each with a Content-Length)."""
+    tls.settimeout(3)
+    received, codes = b"", []
+    while len(codes) < count:
+        received += tls.recv(65536)
+        while b"\r\n\r\n" in received:
+            head, _, rest = received.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            length = next(
+                int(line.split(":", 1)[1])
+                for line in lines
+                if line.lower().startswith("content-length:")
+            )
+            if len(rest) < length:
+                break
+            codes.append(int(lines[0].split()[1]))
+            received = rest[length:]
+    return codes
