@@ -42,7 +42,8 @@ from hooks.app import create_app
 from hooks.controllers.budget import BudgetInputs, review_app
 from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, release_object
 from hooks.kubeapi.client import ApiClient
-from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review

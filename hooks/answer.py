@@ -2,7 +2,7 @@
 it skipped, and what its metrics record.
 
 Kept apart from Flask, prometheus-client and requests: a large call is computed in a child of the
-fork server (`hooks.apart`), which imports the handlers and this module and none of those.
+fork server (`hooks.forked`), which imports the handlers and this module and none of those.
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ from hooks.wire.kube import Condition
 
 
 @dataclass(frozen=True)
-class ClassStatusObserved:
-    """A status sync as the metrics see it: the class's computation, and every class the sync
-    saw (None when the request did not say), so that deleted classes are forgotten. `capacity`
-    is None for a class that exports no inventory; no conditions means nothing to record."""
+class ClassComputation:
+    """One class's status computation, from the controller to the metrics: every class the sync
+    saw (None when the request did not say, so that deleted classes are forgotten), the capacity
+    (None when the spec could not be read), whether the class exports its inventory (a
+    conflicting class reports zero and does not), and its conditions (none: nothing to record)."""
 
     class_name: str
-    known_classes: tuple[str, ...] | None
-    resource: str | None
-    capacity: Capacity | None
-    free: int
-    max_free_per_node: int
-    conditions: tuple[Condition, ...]
+    known_classes: tuple[str, ...] | None = None
+    resource: str | None = None
+    capacity: Capacity | None = None
+    exports_inventory: bool = False
+    free: int = 0
+    max_free_per_node: int = 0
+    conditions: tuple[Condition, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class BudgetReviewObserved:
     verdict: Literal["allowed", "denied", "failed_closed"]
 
 
-Observation = ClassStatusObserved | LicenseCopiesObserved | BudgetReviewObserved
+Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 answers and error codes are `hooks.http`; this module serves the one with the other, and adds the
 checks every call passes first: those on its head alone (`hooks.guard`), then the memory budget
 (429). Probes and metrics are
-served on ports of their own (`hooks.ops`)."""
+served on ports of their own (`hooks.listeners`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from hooks import apart, http
+from hooks import forked, http
 from hooks.answer import Answer, FailedElsewhere
 from hooks.auth import TokenFile
 from hooks.controllers.budget import BudgetInputs
@@ -22,7 +22,7 @@ from hooks.kubeapi.budget import BudgetReader
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget, memory_budget
 from hooks.metrics import Metrics
-from hooks.routes import HOOKS, Hook, Service
+from hooks.routes import HOOKS, Hook, HookInputs
 from hooks.settings import Settings
 from hooks.wire.problems import BadRequest
 
@@ -47,15 +47,15 @@ def create_app(
     apart_from_bytes: int | None = LARGE_BODY_BYTES,
     guard: Guard | None = None,
 ) -> Flask:
-    """The hooks' app. Calls to pure hooks with a body of `apart_from_bytes` or more are computed
-    in a process of their own (`hooks.apart`) where the system allows it; None computes every
-    call in its thread."""
-    if not apart.supported():
+    """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
+    computed in a process of their own (`hooks.forked`) where the system allows it; None computes
+    every call in its thread."""
+    if not forked.supported():
         apart_from_bytes = None
     app = Flask("hooks")
     exported = metrics or Metrics(stale_after_seconds(settings))
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
-    service = Service(settings, reader.view, budgets or BudgetReader(settings), clock)
+    service = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
     if guard is None:
         tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
         guard = Guard(settings, tokens)
@@ -107,16 +107,16 @@ def create_app(
             exported.calls_in_progress.dec()
 
     def runs_apart(hook: Hook, length: int) -> bool:
-        return hook.pure and apart_from_bytes is not None and apart_from_bytes <= length
+        return hook.forkable and apart_from_bytes is not None and apart_from_bytes <= length
 
     def computed_apart(hook: Hook, length: int, body_seconds: float) -> Answer:
         """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
         child's failure, or `not_read` when the body never arrived whole)."""
-        inputs = apart.Inputs(settings, clock())
+        inputs = forked.Inputs(settings, clock())
         chunks = http.body_chunks(length, body_seconds)
         outcome = "not_read"
         try:
-            result = apart.compute(
+            result = forked.compute(
                 hook, inputs, reader.view, chunks, length, settings.hook_timeout_seconds
             )
             outcome = "answered"

@@ -54,7 +54,7 @@ def graceful_timeout_seconds(settings: Settings) -> float:
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
 
-    from hooks import apart, ops
+    from hooks import forked, listeners
     from hooks.app import create_app, stale_after_seconds
     from hooks.auth import TokenFile
     from hooks.guard import Guard
@@ -64,7 +64,7 @@ def serve(args: argparse.Namespace) -> int:
     settings = _load_settings()
     # Made before gunicorn forks: each worker holds its own copy, which its readiness probe
     # reads and its SIGTERM handler drains.
-    state = ops.ServiceState()
+    state = listeners.ServiceState()
     host = args.bind.rpartition(":")[0].strip("[]") or "0.0.0.0"
     exported: list[Metrics] = []  # the worker's, made when it loads the app
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
@@ -121,9 +121,9 @@ def serve(args: argparse.Namespace) -> int:
         # Each worker has its own fork server for large calls, started before the first one
         # arrives (which would otherwise wait for it to import the hooks, about a second), and
         # before the probes answer: a worker that reports ready can compute a large call.
-        if apart.supported():
-            apart.start()
-        ops.start(settings, host, args.health_port, args.metrics_port, state, metrics)
+        if forked.supported():
+            forked.start()
+        listeners.start(settings, host, args.health_port, args.metrics_port, state, metrics)
 
     def drain_on_sigterm(worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the

@@ -25,12 +25,10 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hooks.answer import ClassStatusObserved, LicenseCopiesObserved, Observation
+from hooks.answer import ClassComputation, LicenseCopiesObserved, Observation
 from hooks.edge import DROP_REASONS
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
-from hooks.rules.capacity import Capacity
-from hooks.wire.kube import Condition
 
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
@@ -39,13 +37,9 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
 
 @dataclass(frozen=True)
 class ClassSample:
-    """One class's last computation; capacity is None for a class that exports no inventory."""
+    """One class's last computation, and when it was recorded."""
 
-    resource: str | None
-    capacity: Capacity | None
-    free: int
-    max_free_per_node: int
-    conditions: tuple[Condition, ...]
+    computation: ClassComputation
     computed_at: float
 
 
@@ -135,17 +129,19 @@ class ClassCollector(Collector):
         )
         for name, sample in sorted(classes.items()):
             last_sync.add_metric([name], sample.computed_at)
-            for item in sample.conditions:
+            computed, resource = sample.computation, sample.computation.resource
+            for item in computed.conditions:
                 condition.add_metric([name, item.type, item.status, item.reason], 1.0)
-            if sample.capacity is None or sample.resource is None:
+            # a conflicting class reports zero and exports no inventory
+            if computed.capacity is None or resource is None or not computed.exports_inventory:
                 continue
-            free.add_metric([name], sample.free)
-            max_free.add_metric([name], sample.max_free_per_node)
+            free.add_metric([name], computed.free)
+            max_free.add_metric([name], computed.max_free_per_node)
             for eligible in (True, False):
-                total, use = sample.capacity.totals(eligible=eligible)
+                total, use = computed.capacity.totals(eligible=eligible)
                 flag = "true" if eligible else "false"
-                capacity.add_metric([name, sample.resource, flag], total)
-                used.add_metric([name, sample.resource, flag], use)
+                capacity.add_metric([name, resource, flag], total)
+                used.add_metric([name, resource, flag], use)
         for name, license_sample in sorted(licenses.items()):
             copies.add_metric([name], license_sample.copies)
         yield from (capacity, used, free, max_free, condition, last_sync, copies)
@@ -318,29 +314,19 @@ class Metrics:
     def record(self, observation: Observation) -> None:
         """A sync's observation, recorded where its answer is sent (so that a sync computed in
         another process is recorded all the same)."""
-        if isinstance(observation, ClassStatusObserved):
+        if isinstance(observation, ClassComputation):
             self._record_status(observation)
         elif isinstance(observation, LicenseCopiesObserved):
             self._record_license(observation)
         else:
             self.budget_reviews.labels(verdict=observation.verdict).inc()
 
-    def _record_status(self, observed: ClassStatusObserved) -> None:
+    def _record_status(self, computed: ClassComputation) -> None:
         """A status sync: forget deleted classes, and keep this class's computation."""
-        if observed.known_classes is not None:
-            self.classes.retain_only(observed.known_classes)
-        if observed.conditions:
-            self.classes.record(
-                observed.class_name,
-                ClassSample(
-                    resource=observed.resource,
-                    capacity=observed.capacity,
-                    free=observed.free,
-                    max_free_per_node=observed.max_free_per_node,
-                    conditions=observed.conditions,
-                    computed_at=self.classes.now(),
-                ),
-            )
+        if computed.known_classes is not None:
+            self.classes.retain_only(computed.known_classes)
+        if computed.conditions:
+            self.classes.record(computed.class_name, ClassSample(computed, self.classes.now()))
 
     def _record_license(self, observed: LicenseCopiesObserved) -> None:
         """A license sync: its copies, or no series for a class that holds no license."""

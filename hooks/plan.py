@@ -21,7 +21,8 @@ from hooks.controllers import license, status
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
 from hooks.rules.capacity import Capacity
-from hooks.rules.conditions import LICENSE_COPY_CONFLICT, READY, READY_BLOCKERS
+from hooks.rules.class_status import CONDITIONS
+from hooks.rules.conditions import READY
 from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
 from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.rules.selectors import check_rule, rule_selects
@@ -45,7 +46,7 @@ KINDS = {(related.api_version, related.kind): related for related in RELATED_KIN
 BY_RESOURCE = {(related.api_version, related.resource): related for related in RELATED_KINDS}
 REDACTED = "<redacted: compare the token-sha256 annotation>"
 # The conditions whose True (or Unknown) status is a problem; Ready is a problem when not True.
-PROBLEMS = (*READY_BLOCKERS, LICENSE_COPY_CONFLICT)
+PROBLEMS = tuple(rule.type for rule in CONDITIONS)
 
 
 class PlanInputError(ValueError):
@@ -298,7 +299,7 @@ def license_summary(plan: ClassPlan) -> dict[str, Any] | None:
 
 
 def explain(plan: ClassPlan) -> list[dict[str, Any]]:
-    capacity: Capacity | None = plan.status.capacity
+    capacity: Capacity | None = plan.status.computation.capacity
     if capacity is None:
         return []
     return [
@@ -323,7 +324,7 @@ def document(
     for plan in plans:
         entry: dict[str, Any] = {
             "name": plan.name,
-            "resource": plan.status.resource,
+            "resource": plan.status.computation.resource,
             "status": status_of(plan),
             "attachments": [
                 redacted(msgspec.to_builtins(a)) for a in plan.license.response.attachments

@@ -19,7 +19,6 @@ import msgspec
 from hooks.answer import (
     Answer,
     BudgetReviewObserved,
-    ClassStatusObserved,
     LicenseCopiesObserved,
     Observation,
 )
@@ -45,7 +44,7 @@ Caller = Literal["metacontroller", "apiserver"]
 
 
 @dataclass(frozen=True)
-class Service:
+class HookInputs:
     """What the hooks read besides the request: settings, the edges, the clock."""
 
     settings: Settings
@@ -54,19 +53,19 @@ class Service:
     clock: Callable[[], datetime]
 
 
-Handler = Callable[[Service, bytes], Answer]
+Handler = Callable[[HookInputs, bytes], Answer]
 
 
 @dataclass(frozen=True)
 class Hook:
-    """A route, who calls it, and its handler. A pure hook reads nothing but its body, the
+    """A route, who calls it, and its handler. A forkable hook reads nothing but its body, the
     settings, the clock and the KubeVirt view (never GPU budgets, never the metrics): its large
-    calls are computed in a process of their own (`hooks.apart`)."""
+    calls are computed in a forked child process (`hooks.forked`)."""
 
     path: str
     caller: Caller
     handle: Handler
-    pure: bool = False
+    forkable: bool = False
 
     @property
     def needs_token(self) -> bool:
@@ -93,15 +92,7 @@ def _observed(outcome: StatusOutcome | LicenseOutcome) -> Observation | None:
     """What the metrics record of a sync: a class's status, or its license copies (none for a
     class that holds no license, nothing when the sync could not tell)."""
     if isinstance(outcome, StatusOutcome):
-        return ClassStatusObserved(
-            class_name=outcome.class_name,
-            known_classes=outcome.known_classes,
-            resource=outcome.resource,
-            capacity=outcome.capacity if outcome.exports_inventory else None,
-            free=outcome.free,
-            max_free_per_node=outcome.max_free_per_node,
-            conditions=outcome.conditions,
-        )
+        return outcome.computation
     if outcome.plan is not None:
         return LicenseCopiesObserved(outcome.class_name, len(outcome.plan.copies))
     if outcome.outcome in ("unlicensed", "disabled"):
@@ -109,24 +100,24 @@ def _observed(outcome: StatusOutcome | LicenseOutcome) -> Observation | None:
     return None
 
 
-def status_customize(service: Service, body: bytes) -> Answer:
+def status_customize(service: HookInputs, body: bytes) -> Answer:
     answer = status.customize(decode_envelope(body, CustomizeRequest), service.settings)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
-def status_sync(service: Service, body: bytes) -> Answer:
+def status_sync(service: HookInputs, body: bytes) -> Answer:
     outcome = status.sync(
         decode_composite_sync(body), service.settings, service.kubevirt, service.clock()
     )
     return _sync_answer(outcome)
 
 
-def license_customize(service: Service, body: bytes) -> Answer:
+def license_customize(service: HookInputs, body: bytes) -> Answer:
     answer = license.customize(decode_envelope(body, CustomizeRequest), service.settings)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
-def license_sync(service: Service, body: bytes) -> Answer:
+def license_sync(service: HookInputs, body: bytes) -> Answer:
     outcome = license.sync(decode_decorator_sync(body), service.settings)
     return _sync_answer(outcome)
 
@@ -134,7 +125,7 @@ def license_sync(service: Service, body: bytes) -> Answer:
 Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
 
 
-def review_budget(review: Review, service: Service, body: bytes) -> Answer:
+def review_budget(review: Review, service: HookInputs, body: bytes) -> Answer:
     """An AdmissionReview answered by a budget review; a review that is readable but whose object
     is not is answered (denied, saying why), so that the API server shows the reason."""
     request = decode_review(body)
@@ -164,19 +155,19 @@ def review_budget(review: Review, service: Service, body: bytes) -> Answer:
 
 # Module-level functions, not closures made when this table is built: what runs for a call is
 # then looked up when the call comes, which is also what lets mutation testing reach it.
-def app_budget(service: Service, body: bytes) -> Answer:
+def app_budget(service: HookInputs, body: bytes) -> Answer:
     return review_budget(budget.review_app, service, body)
 
 
-def tenant_budget(service: Service, body: bytes) -> Answer:
+def tenant_budget(service: HookInputs, body: bytes) -> Answer:
     return review_budget(budget.review_tenant, service, body)
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("/status/customize", "metacontroller", status_customize, pure=True),
-    Hook("/status/sync", "metacontroller", status_sync, pure=True),
-    Hook("/license/customize", "metacontroller", license_customize, pure=True),
-    Hook("/license/sync", "metacontroller", license_sync, pure=True),
+    Hook("/status/customize", "metacontroller", status_customize, forkable=True),
+    Hook("/status/sync", "metacontroller", status_sync, forkable=True),
+    Hook("/license/customize", "metacontroller", license_customize, forkable=True),
+    Hook("/license/sync", "metacontroller", license_sync, forkable=True),
     Hook("/admit/gpu-budget", "apiserver", app_budget),
     Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
 )

@@ -6,8 +6,8 @@ order it makes them, so a number points at another mutation as soon as the funct
 list therefore names each survivor by its content: the file, the function and the lines the
 mutation changes, on one line, and the reason on the next line, indented after `why:`:
 
-    hooks/rules/budget.py::tenant_namespace: - return ROOT_NAMESPACE ... + return ROOT_NAMESPACE ...
-        why: the root tenant's namespace is "tenant-" + "root" either way
+    hooks/rules/license.py::_namespace_of: - return key.partition("/")[0] + return key.rpartition(…
+        why: keys are namespace/name, and Kubernetes names hold no "/"
 
 Prints the score (killed / (killed + survivors not listed)), every survivor not listed (the news:
 a test to write, or a line to add), and every listed mutation that no longer survives in a function

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
+
+from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 
 GPU = "nvidia.com/NVIDIA_L40S-24Q"
 OTHER_GPU = "nvidia.com/GH100_H100_PCIE"
@@ -399,3 +403,31 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 def example_of(route: str) -> bytes:
     """The example request of a hook: `examples/<route with dashes>.json`, e.g. status-sync.json."""
     return (EXAMPLES / f"{route.strip('/').replace('/', '-')}.json").read_bytes()
+
+
+class ReleaseLists(Protocol):
+    """A test's cluster, listing releases as the API server's label selections would."""
+
+    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]: ...
+    def unnamed(self, release_namespace: str) -> list[Tenant | App]: ...
+    def namespace(self, namespace: str) -> list[Tenant | App]: ...
+
+
+def answering(lists: ReleaseLists) -> Callable[[Read], list[Tenant | App]]:
+    """Each read of `scoped_reads` answered from a test's cluster."""
+
+    def read(request: Read) -> list[Tenant | App]:
+        match request:
+            case TenantsNamed(release_namespace, names):
+                return lists.tenants(release_namespace, names)
+            case UnnamedTenants(release_namespace):
+                return lists.unnamed(release_namespace)
+            case ReleasesIn(namespace):
+                return lists.namespace(namespace)
+
+    return read
+
+
+def scoped_tenancy(lists: ReleaseLists, namespaces: Iterable[str]) -> Tenancy:
+    """The tenancy a review of these namespaces reads from a test's cluster."""
+    return read_scope(namespaces, answering(lists))

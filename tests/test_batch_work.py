@@ -1,4 +1,4 @@
-"""The serving thread's scheduling while it reads a large body (`hooks.apart.batch_work`)."""
+"""The serving thread's scheduling while it reads a large body (`hooks.forked.batch_work`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hooks.apart import batch_work
+from hooks.forked import batch_work
 
 
 def test_batch_work_changes_only_the_calling_thread_and_only_for_the_block() -> None:

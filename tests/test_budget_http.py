@@ -15,7 +15,7 @@ from hooks.app import create_app
 from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES
 from hooks.logs import LOGGER
 from hooks.metrics import Metrics
-from hooks.rules.budget import TOTAL_KEY, class_key
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.settings import Settings
 from tests.apiserver import FakeApiServer, list_of
 from tests.builders import (

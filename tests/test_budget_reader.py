@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -19,10 +18,10 @@ from hooks.kubeapi.budget import (
     BudgetReader,
     release_object,
     releases_in,
-    scoped_tenancy,
 )
 from hooks.kubeapi.client import PAGE_SIZE
-from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, class_key
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.tenancy import App, Tenant
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
 from tests.apiserver import FakeApiServer, list_of
@@ -89,7 +88,7 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
     tenants = {t.name: t for t in tenancy.tenants}
     assert set(tenants) == {"a"}  # b is another pool: not read
     assert tenants["a"].declaration == {TOTAL_KEY: 4, "requests.cpu": 0}
-    assert tenants["a"].namespace == "tenant-a"
+    assert tenants["a"].owned_namespace == "tenant-a"
     apps = {a.name: a for a in tenancy.apps}
     assert set(apps) == {"vm1", "pool", "pool2"}
     assert (apps["pool"].kind, apps["pool"].max_replicas, apps["pool2"].max_replicas) == (
@@ -218,63 +217,6 @@ def test_no_api_configured_fails_closed(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(Unreadable, match="no Kubernetes API configured"):
         BudgetReader(Settings(kube_token_file=tmp_path / "none")).tenancy(["tenant-a"])
-
-
-def test_a_namespace_whose_parent_cannot_exist_reads_no_list_there() -> None:
-    class Recorder:
-        def __init__(self) -> None:
-            self.read: list[str] = []
-
-        def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-            self.read.append(f"{release_namespace}: {','.join(names)}")
-            return []
-
-        def unnamed(self, release_namespace: str) -> list[Tenant | App]:
-            self.read.append(f"{release_namespace}: unnamed")
-            return []
-
-        def namespace(self, namespace: str) -> list[Tenant | App]:
-            self.read.append(namespace)
-            return []
-
-    source = Recorder()
-    assert scoped_tenancy(source, ["tenant--x"]) == Tenancy()
-    assert source.read == ["tenant-root: root", "tenant-root: unnamed", "tenant--x"]
-
-
-class Releases:
-    """A release source of Tenant releases in tenant-root, some with no name label."""
-
-    def __init__(self, labelled: list[Tenant], unlabelled: list[Tenant]) -> None:
-        self.labelled, self.unlabelled = labelled, unlabelled
-        self.read: list[str] = []
-
-    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-        self.read.append(f"{release_namespace}: {','.join(names)}")
-        return [t for t in self.labelled if t.release_namespace == release_namespace]
-
-    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
-        self.read.append(f"{release_namespace}: unnamed")
-        return [t for t in self.unlabelled if t.release_namespace == release_namespace]
-
-    def namespace(self, namespace: str) -> list[Tenant | App]:
-        self.read.append(namespace)
-        return []
-
-
-def test_a_tenant_labelled_only_on_another_release_is_looked_for_among_the_unlabelled() -> None:
-    """`x-old` says it is tenant x, but tenant x's own release is `tenant-x`: it may be there
-    without its label, so the unlabelled releases are read too."""
-    old = Tenant("tenant-root", "x", {TOTAL_KEY: 1}, release="x-old")
-    own = Tenant("tenant-root", "x", {TOTAL_KEY: 2}, release="tenant-x")
-    root = Tenant("tenant-root", "root", {}, release="tenant-root")
-    source = Releases(labelled=[root, old], unlabelled=[own])
-    tenancy = scoped_tenancy(source, ["tenant-x"])
-    assert "tenant-root: unnamed" in source.read
-    assert {t.release for t in tenancy.tenants} == {"tenant-root", "x-old", "tenant-x"}
-    canonical = Releases(labelled=[root, own], unlabelled=[])
-    scoped_tenancy(canonical, ["tenant-x"])
-    assert "tenant-root: unnamed" not in canonical.read  # its own release was found by label
 
 
 # The cost contract: a review reads the owners of its namespace and its own pool, which stops at

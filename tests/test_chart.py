@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from hooks import ops
+from hooks import listeners
 from hooks.app import create_app
 from hooks.metrics import Metrics
 from hooks.settings import Settings
@@ -210,14 +210,14 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
     ids=["plain", "mtls"],
 )
 def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> None:
-    """The health listener (hooks.ops) serves the probes' paths, outside the hooks' threads and
-    without the hooks' client certificate, so probes are real HTTP checks even under mTLS."""
+    """The health listener (hooks.listeners) serves the probes' paths, outside the hooks' threads
+    and without the hooks' client certificate, so probes are real HTTP checks even under mTLS."""
     container = container_of(render(*sets))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"http": 8080, "health": 8081, "metrics": 9090}
     assert "--health-port=8081" in container["args"]
     assert "--metrics-port=9090" in container["args"]
-    served = set(ops.health_routes(ops.ServiceState()))
+    served = set(listeners.health_routes(listeners.ServiceState()))
     for probe in (container["livenessProbe"], container["readinessProbe"]):
         assert probe["httpGet"]["port"] == "health"
         assert probe["httpGet"].get("scheme", "HTTP") == "HTTP"
@@ -227,7 +227,7 @@ def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> No
 def test_the_service_exposes_the_metrics_port(default_render: list[dict[str, Any]]) -> None:
     ports = {p["name"]: p for p in one(default_render, "Service")["spec"]["ports"]}
     assert ports["metrics"]["targetPort"] == "metrics"
-    assert set(ops.metrics_routes(Metrics(1.0), None)) == {"/metrics"}
+    assert set(listeners.metrics_routes(Metrics(1.0), None)) == {"/metrics"}
 
 
 @pytest.mark.parametrize(("timeout", "seconds"), [("30s", 30), ("2m", 120), ("1500ms", 2)])

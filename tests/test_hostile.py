@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from hooks.app import create_app
 from hooks.routes import HOOKS
-from hooks.rules.budget import TOTAL_KEY, Tenancy, Tenant, class_key
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.tenancy import Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from tests.builders import (

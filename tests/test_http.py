@@ -96,7 +96,7 @@ def test_kubevirt_unreadable_answers_with_resync(client: FlaskClient, apiserver:
 
 
 def test_probes_and_metrics_are_not_served_with_the_hooks(client: FlaskClient) -> None:
-    """They have ports of their own (hooks.ops), never queued behind hook calls."""
+    """They have ports of their own (hooks.listeners), never queued behind hook calls."""
     for path in ("/healthz", "/readyz", "/metrics"):
         assert client.get(path).status_code == 404
 

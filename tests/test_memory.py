@@ -267,7 +267,7 @@ def test_released_after_a_413(client: FlaskClient, memory: MemoryBudget) -> None
 def test_released_after_a_500(
     thread_client: FlaskClient, memory: MemoryBudget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Computed apart: tests/test_apart.py, where the child fails, dies or runs out of time.
+    # Computed apart: tests/test_forked.py, where the child fails, dies or runs out of time.
     def broken(*args: object) -> None:
         raise RuntimeError("a bug")
 

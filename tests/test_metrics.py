@@ -11,8 +11,8 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.app import create_app, stale_after_seconds
+from hooks.listeners import metrics_routes
 from hooks.metrics import Metrics
-from hooks.ops import metrics_routes
 from hooks.settings import Settings
 from tests.apiserver import KUBEVIRT_PATH, FakeApiServer
 from tests.builders import (

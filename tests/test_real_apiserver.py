@@ -26,7 +26,9 @@ from hooks.app import create_app
 from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, release_object
 from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, check_app
+from hooks.rules.budget.apps import check_app
+from hooks.rules.budget.keys import TOTAL_KEY
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
@@ -612,7 +614,7 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
             messages.append(verdict.message)
     assert True in verdicts and False in verdicts, messages  # the tree admits and denies
     # the server's label selection finds the release with an empty name label, placed by its name
-    placed = {(t.namespace, t.release) for t in reader.tenancy(["tenant-s-lab-e"]).tenants}
+    placed = {(t.owned_namespace, t.release) for t in reader.tenancy(["tenant-s-lab-e"]).tenants}
     assert ("tenant-s-lab-e", "tenant-e") in placed
 
 

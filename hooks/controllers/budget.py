@@ -1,36 +1,37 @@
 """The GPU budget webhook: AdmissionReview -> budget rules -> verdict.
 
 The inputs come from a reader passed in (the Kubernetes API in production, plain values in
-tests); the arithmetic is `hooks.rules.budget`. A review reads only what its verdict needs: an app
-that cannot grow and a declaration that cannot matter are answered without reading anything. The
-webhook fails closed: an input it cannot read denies the request, saying what could not be read.
+tests); the arithmetic is the `hooks.rules.budget` package. A review reads only what its verdict
+needs: an app that cannot grow and a declaration that cannot matter are answered without reading
+anything. The webhook fails closed: an input it cannot read denies the request, saying what could
+not be read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from hooks.rules.budget import (
-    ALLOWED,
-    FAILED_CLOSED,
+from hooks.rules.budget.apps import AppCheck
+from hooks.rules.budget.declarations import (
+    check_declaration,
+    declaration_needs_input,
+    declaration_refused,
+)
+from hooks.rules.budget.keys import quota_problem, tenant_declaration
+from hooks.rules.budget.pools import Pools
+from hooks.rules.budget.reservations import cannot_grow
+from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
     Tenancy,
     Tenant,
-    Verdict,
     app_from,
-    cannot_grow,
-    check_app,
-    check_declaration,
-    declaration_needs_input,
-    declaration_refused,
-    pool_may_apply,
-    quota_problem,
-    tenant_declaration,
+    with_spec,
 )
+from hooks.rules.budget.verdicts import ALLOWED, FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
 from hooks.wire.cozystack import AppObject, decode_app_object
@@ -122,7 +123,7 @@ def _unless_no_pool_applies(
 
     def decide() -> Verdict:
         tenancy = inputs.tenancy((request.namespace,))
-        if pool_may_apply(tenancy.tenants, request.namespace):
+        if Pools(tenancy.tenants).may_apply(request.namespace):
             return Verdict(False, str(problem))
         return ALLOWED
 
@@ -153,23 +154,22 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
     old_obj = _old_object(request)
     name = _name(request, new_obj)
     new = app_from(new_obj.spec, request.namespace, kind, name)
-    old = app_from(old_obj.spec, request.namespace, kind, name) if old_obj else None
+    old = with_spec(new, old_obj.spec) if old_obj else None
     if cannot_grow(new, old):
         return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
         tenancy = inputs.tenancy((request.namespace,))
-        # GPUClasses are read only once a pool applies: outside every pool a VM passes even
-        # while they cannot be listed.
-        pooled = pool_may_apply(tenancy.tenants, request.namespace)
-        return check_app(
+        check = AppCheck(
             new=new,
             old=old,
             apps=tenancy.apps,
             tenants=tenancy.tenants,
-            classes=inputs.classes() if pooled else (),
             creating=request.operation == "CREATE",
         )
+        # GPUClasses are read only once a pool applies: outside every pool a VM passes even
+        # while they cannot be listed.
+        return check.verdict(inputs.classes() if check.needs_classes else ())
 
     return _checked(request, decide)
 
@@ -191,11 +191,10 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
         return _outcome(request, Verdict(False, f"{where}: spec.{problem}"))
     # A Tenant without a name yet (`generateName`) owns no namespace anyone can know.
     new = Tenant(request.namespace, name or None, tenant_declaration(quotas))
-    old = (
-        Tenant(request.namespace, name or None, tenant_declaration(old_obj.spec.resource_quotas))
-        if old_obj
-        else None
-    )
+    # the old value is only the baseline of growth: the new tenant with the old quotas
+    old = None
+    if old_obj is not None:
+        old = replace(new, declaration=tenant_declaration(old_obj.spec.resource_quotas))
     refused = declaration_refused(new)
     if refused is not None:
         return _outcome(request, Verdict(False, refused))
@@ -204,7 +203,7 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
 
     def decide() -> Verdict:
         # the pool the tenant carves out of, and the tenant's own, which its floor reads
-        tenancy = inputs.tenancy((request.namespace, new.namespace or request.namespace))
+        tenancy = inputs.tenancy((request.namespace, new.owned_namespace or request.namespace))
         return check_declaration(
             new=new,
             old=old,

@@ -1,9 +1,10 @@
 """CompositeController `gpuclass-status`: the whole status of one GPUClass.
 
-Applies, in order: spec validation, the resource-name conflict (oldest class wins), capacity over
-eligible nodes, KubeVirt's permission, advertisement, the license conditions (from the license
-hook's own plan), and Ready; then
-settles the conditions against the current status so that the answer is idempotent.
+Gates first (features off, an invalid spec, related groups of other rules), then computes the
+capacity over eligible nodes and decides every condition of the registry
+(`hooks.rules.class_status`: the resource-name conflict, where the oldest class wins, KubeVirt's
+permission, advertisement, the license conditions from the license hook's own plan, and Ready),
+settled against the current status so that the answer is idempotent.
 """
 
 from __future__ import annotations
@@ -15,27 +16,25 @@ from typing import Any, Literal
 
 import msgspec
 
+from hooks.answer import ClassComputation
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
-from hooks.controllers.license import license_inputs, license_rules, licensed_spec, plan_for
-from hooks.rules.capacity import Capacity, compute_capacity
-from hooks.rules.classes import class_identity, older_class_with_resource
-from hooks.rules.conditions import (
-    RESOURCE_NAME_NOT_PERMITTED,
-    DecidedCondition,
-    advertised_condition,
-    conflict_condition,
-    invalid_spec_condition,
-    license_conflict_condition,
-    license_secret_condition,
-    ready_condition,
-    settle,
+from hooks.controllers.licensing import (
+    LicenseInputs,
+    class_license,
+    license_inputs,
+    license_rules,
+    plan_for,
 )
+from hooks.rules.capacity import compute_capacity
+from hooks.rules.class_status import ClassFacts, class_conditions, settle
+from hooks.rules.classes import class_identity, older_class_with_resource
+from hooks.rules.conditions import invalid_spec_condition
 from hooks.rules.invalid import InvalidObject
-from hooks.rules.license import LicensePlan, copy_name
-from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView, permission_condition
+from hooks.rules.license import copy_name
+from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView
 from hooks.settings import Settings
-from hooks.wire.gpuclass import InvalidSpecError, parse_spec, parse_status
-from hooks.wire.kube import Condition
+from hooks.wire.gpuclass import ClassSpec, InvalidSpecError, parse_spec, parse_status
+from hooks.wire.kube import Condition, GPUClass
 from hooks.wire.metacontroller import (
     GPUCLASSES,
     NODES,
@@ -59,17 +58,14 @@ class StatusOutcome:
     """The response, and what the route logs and records as metrics."""
 
     response: CompositeSyncResponse
-    class_name: str
-    resource: str | None = None
-    capacity: Capacity | None = None  # what the nodes hold, when the spec could be read
-    exports_inventory: bool = False  # a conflicting class reports zero and exports no inventory
+    computation: ClassComputation
     outcome: StatusResult = "ok"
     invalid: tuple[InvalidObject, ...] = ()
-    conditions: tuple[Condition, ...] = ()
-    free: int = 0
-    max_free_per_node: int = 0
-    known_classes: tuple[str, ...] | None = None  # every class Metacontroller sent, or None
     counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def class_name(self) -> str:
+        return self.computation.class_name
 
 
 def customize(request: CustomizeRequest, settings: Settings) -> CustomizeResponse:
@@ -79,9 +75,9 @@ def customize(request: CustomizeRequest, settings: Settings) -> CustomizeRespons
     parent = decode_gpuclass(request.parent, "parent")
     rules = [RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses")]
     if settings.enabled:
-        spec = licensed_spec(parent)
-        if spec is not None and spec.license is not None:
-            rules.extend(license_rules(parent, spec.license, settings))
+        license = class_license(parent)
+        if license is not None:
+            rules.extend(license_rules(parent, license, settings))
         rules = [
             RelatedRule(
                 api_version="v1", resource="nodes", label_selector=settings.node_label_selector
@@ -98,26 +94,53 @@ def _group_invalid(kind: str, group: DecodedGroup) -> list[InvalidObject]:
     return [InvalidObject(kind, key, "does not decode") for key in group.invalid]
 
 
+@dataclass(frozen=True)
+class _Related:
+    """The related groups of a sync, all present, and the license's inputs for a licensed class."""
+
+    nodes: DecodedGroup
+    pods: DecodedGroup
+    classes: DecodedGroup
+    license: LicenseInputs | None
+
+
+def _related(
+    parent: GPUClass, spec: ClassSpec, request: CompositeSync, settings: Settings
+) -> _Related | None:
+    """None when a group the customize rules ask for is missing: Metacontroller sends every group
+    it was asked for, so its cached customize answer differs from ours."""
+    nodes = request.related.get(NODES)
+    pods = request.related.get(PODS)
+    classes = request.related.get(GPUCLASSES)
+    if nodes is None or pods is None or classes is None:
+        return None
+    if spec.license is None:
+        return _Related(nodes, pods, classes, None)
+    license = license_inputs(parent, spec.license, request.related, settings)
+    return None if license is None else _Related(nodes, pods, classes, license)
+
+
 def sync(
     request: CompositeSync,
     settings: Settings,
     read_kubevirt: Callable[[], KubeVirtView],
     now: datetime,
 ) -> StatusOutcome:
+    """Gate (features off, an invalid spec, stale related groups), decide every condition of the
+    registry, and the outcome."""
     parent = decode_gpuclass(request.parent, "parent")
     name = parent.metadata.name
     if not settings.enabled:
+        # nothing is computed: no class exports anything
         return StatusOutcome(
             CompositeSyncResponse(status={}, children=[]),
-            name,
+            ClassComputation(name, known_classes=()),
             outcome="disabled",
-            known_classes=(),  # nothing is computed: no class exports anything
         )
 
     generation = parent.metadata.generation
     previous_status = parse_status(parent.status)
     previous = tuple(previous_status.conditions) if previous_status else ()
-
     try:
         spec = parse_spec(parent.spec)
     except InvalidSpecError as error:
@@ -125,57 +148,53 @@ def sync(
         status = ClassStatus(free=0, max_free_per_node=0, conditions=conditions)
         return StatusOutcome(
             CompositeSyncResponse(status=status, children=[]),
-            name,
+            ClassComputation(name, conditions=tuple(conditions)),
             outcome="invalid_spec",
-            conditions=tuple(conditions),
         )
-
-    nodes = request.related.get(NODES)
-    pods = request.related.get(PODS)
-    classes = request.related.get(GPUCLASSES)
-    license_input = (
-        license_inputs(parent, spec.license, request.related, settings) if spec.license else None
-    )
-    if nodes is None or pods is None or classes is None or (spec.license and not license_input):
-        # Metacontroller sends every group it was asked for: a missing one means its cached
-        # customize answer differs from ours. Keep what the status says until it catches up.
+    related = _related(parent, spec, request, settings)
+    if related is None:
+        # Keep what the status says until Metacontroller catches up.
         kept: msgspec.Raw | dict[str, Any] = parent.status if previous_status is not None else {}
         return StatusOutcome(
             CompositeSyncResponse(
                 status=kept, children=[], resync_after_seconds=STALE_RULES_RETRY_SECONDS
             ),
-            name,
-            resource=spec.resource_name,
+            ClassComputation(name, resource=spec.resource_name),
             outcome="stale_related",
         )
+    return _computed(parent, spec, related, settings, read_kubevirt(), previous, now)
 
-    resource = spec.resource_name
-    invalid = [
-        *_group_invalid("Node", nodes),
-        *_group_invalid("Pod", pods),
-        *_group_invalid("GPUClass", classes),
-    ]
+
+def _computed(
+    parent: GPUClass,
+    spec: ClassSpec,
+    related: _Related,
+    settings: Settings,
+    view: KubeVirtView,
+    previous: tuple[Condition, ...],
+    now: datetime,
+) -> StatusOutcome:
+    name, resource = parent.metadata.name, spec.resource_name
+    classes = related.classes.objects
     identity = class_identity(parent)
-    older = older_class_with_resource(identity, (class_identity(c) for c in classes.objects))
-    capacity = compute_capacity(nodes.objects, pods.objects, resource, spec.tolerations)
-    invalid.extend(capacity.invalid)
-
-    view = read_kubevirt()
-    previous_permission = next((c for c in previous if c.type == RESOURCE_NAME_NOT_PERMITTED), None)
-    decided: list[DecidedCondition | Condition] = [
-        conflict_condition(resource, older.name if older else None),
-        permission_condition(resource, view, previous_permission, generation),
-        advertised_condition(resource, capacity.advertised),
-    ]
-    plan: LicensePlan | None = None
-    if spec.license is not None and license_input is not None:
-        plan = plan_for(parent, spec.license, license_input, settings)
-        invalid.extend((*license_input.invalid, *plan.invalid))
-        decided.append(license_secret_condition(plan.source))
-        decided.append(license_conflict_condition(plan, copy_name(name)))
-    decided.append(ready_condition(decided))
-    conditions = settle(decided, previous, generation, now)
-
+    older = older_class_with_resource(identity, (class_identity(c) for c in classes))
+    capacity = compute_capacity(
+        related.nodes.objects, related.pods.objects, resource, spec.tolerations
+    )
+    plan = None
+    if spec.license is not None and related.license is not None:
+        plan = plan_for(parent, spec.license, related.license, settings)
+    facts = ClassFacts(
+        resource=resource,
+        older_class=older.name if older else None,
+        kubevirt=view,
+        previous=previous,
+        generation=parent.metadata.generation,
+        advertised=capacity.advertised,
+        license=plan,
+        copy_name=copy_name(name),
+    )
+    conditions = settle(class_conditions(facts), previous, parent.metadata.generation, now)
     conflicting = older is not None
     status = ClassStatus(
         free=0 if conflicting else capacity.free,
@@ -183,20 +202,30 @@ def sync(
         conditions=conditions,
     )
     retry = KUBEVIRT_RETRY_SECONDS if isinstance(view, KubeVirtUnreadable) else None
+    invalid = [
+        *_group_invalid("Node", related.nodes),
+        *_group_invalid("Pod", related.pods),
+        *_group_invalid("GPUClass", related.classes),
+        *capacity.invalid,
+        *(related.license.invalid if related.license else ()),
+        *(plan.invalid if plan else ()),
+    ]
     return StatusOutcome(
         CompositeSyncResponse(status=status, children=[], resync_after_seconds=retry),
-        name,
-        resource=resource,
-        capacity=capacity,
-        exports_inventory=not conflicting,
-        free=status.free,
-        max_free_per_node=status.max_free_per_node,
-        known_classes=tuple({name, *(c.metadata.name for c in classes.objects)}),
+        ClassComputation(
+            name,
+            known_classes=tuple({name, *(c.metadata.name for c in classes)}),
+            resource=resource,
+            capacity=capacity,
+            exports_inventory=not conflicting,
+            free=status.free,
+            max_free_per_node=status.max_free_per_node,
+            conditions=tuple(conditions),
+        ),
         outcome="kubevirt_unreadable" if retry else "ok",
         invalid=tuple(invalid),
-        conditions=tuple(conditions),
         counts={
-            "nodes": len(nodes.objects),
+            "nodes": len(related.nodes.objects),
             "eligible_nodes": len(capacity.eligible_nodes),
             "counted_pods": capacity.counted_pods,
             **(

@@ -5,10 +5,10 @@ rarely, and a class seen a few seconds late maps a device to the key it mapped t
 
 Tenant declarations and app reservations are never cached: the webhook itself admits them, so a
 cached list would let two quick requests (or two replicas) each take the same budget. Nor are
-they read cluster-wide: a review reads only the pool it is about (`scoped_tenancy`), with a few
-namespaced LISTs made after the review arrived. Each is a consistent read, so every release the
-API server had stored when the review arrived is seen, and what a review costs the API server
-grows with its pool, not with the cluster.
+they read cluster-wide: a review reads only the pool it is about (`hooks.rules.budget.scope` says
+which releases), with a few namespaced LISTs made after the review arrived. Each is a consistent
+read, so every release the API server had stored when the review arrived is seen, and what a
+review costs the API server grows with its pool, not with the cluster.
 
 A release that does not decode is kept, marked with what could not be read and where, so that
 the rules deny only the verdicts that need it.
@@ -20,30 +20,26 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 import msgspec
 
 from hooks.kubeapi.client import ApiClient
-from hooks.rules.budget import (
+from hooks.rules.budget.keys import quota_problem, tenant_declaration
+from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
+from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
     App,
-    Pools,
     Tenancy,
     Tenant,
     app_from,
-    owner_of,
-    quota_problem,
-    tenant_declaration,
     tenant_from_release,
 )
 from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
 from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, ReleaseHead
 from hooks.wire.kube import GPUClass
-from hooks.wire.names import is_dns_label
 from hooks.wire.problems import Undecodable, Unreadable, decoded
 
 HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
@@ -111,98 +107,8 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
     return replace(app, release=meta.name, values_from=values_from)
 
 
-class ReleaseSource(Protocol):
-    """Where `scoped_tenancy` reads releases from (the API server, or a test's cluster)."""
-
-    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-        """The Tenant releases of the namespace whose name label is one of these."""
-        ...
-
-    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
-        """The Tenant releases of the namespace whose name label is missing or empty."""
-        ...
-
-    def namespace(self, namespace: str) -> list[Tenant | App]:
-        """Every Tenant, VMInstance and KubernetesNodes release of the namespace."""
-        ...
-
-
-def _key(obj: Tenant | App) -> tuple[str, str]:
-    """A release is itself wherever it is listed from: its namespace and name, which the API
-    server gives every object it lists."""
-    if isinstance(obj, Tenant):
-        return (obj.release_namespace, obj.release)
-    return (obj.namespace, obj.release)
-
-
-def scoped_tenancy(source: ReleaseSource, namespaces: Iterable[str]) -> Tenancy:
-    """What the verdicts about these namespaces read, and nothing more.
-
-    1. The tenants owning each namespace and every ancestor of it (one LIST per namespace they
-       are declared in, by name label), which place each namespace in its pool. Where an owner is
-       not found that way under its canonical release name (`tenant-<name>`), the releases there
-       without a name label are read too: one of them may be that owner (named by its release
-       name), or may be unplaceable and fail closed where it could matter. Where every owner is a
-       labelled `tenant-<name>`, no other release can claim those tenants by its release name
-       (that name is taken), and unplaceable ones change nothing on the way.
-    2. Each pool, from its root down, and each namespace itself, from there down: the apps and
-       the Tenant releases of every namespace, descending through unbounded tenants and stopping
-       at bounded ones, which carve their declaration out of the pool and hold their own pools.
-
-    The rules give the same verdict on this as on every release of the cluster: a pool's
-    arithmetic reads only its members, its carve-outs and the tenants above it.
-    """
-    scope = tuple(dict.fromkeys(namespaces))
-    found: dict[tuple[object, ...], Tenant | App] = {}
-
-    def add(objects: Iterable[Tenant | App]) -> None:
-        for obj in objects:
-            found.setdefault(_key(obj), obj)
-
-    owners: dict[str, set[str]] = {}
-    for namespace in scope:
-        current: str | None = namespace
-        while current is not None and (owner := owner_of(current)) is not None:
-            release_namespace, name = owner
-            # `tenant--x` names a parent `tenant-`, which cannot exist: nothing to read there
-            if name and is_dns_label(release_namespace):
-                owners.setdefault(release_namespace, set()).add(name)
-            current = None if current == release_namespace else release_namespace
-    for release_namespace, names in sorted(owners.items()):
-        labelled = source.tenants(release_namespace, sorted(names))
-        add(labelled)
-        canonical = {
-            t.name
-            for t in labelled
-            if isinstance(t, Tenant) and t.name is not None and t.release == f"tenant-{t.name}"
-        }
-        if names - canonical:
-            add(source.unnamed(release_namespace))
-
-    placed = Pools(t for t in found.values() if isinstance(t, Tenant))
-    starts = [root for root in map(placed.root, scope) if root is not None]
-    pending = list(dict.fromkeys([*starts, *scope]))
-    visited: set[str] = set()
-    while pending:
-        namespace = pending.pop()
-        if namespace in visited:
-            continue
-        visited.add(namespace)
-        objects = source.namespace(namespace)
-        add(objects)
-        pending.extend(
-            obj.namespace
-            for obj in objects
-            if isinstance(obj, Tenant) and obj.namespace is not None and not obj.bounded
-        )
-    return Tenancy(
-        tuple(o for o in found.values() if isinstance(o, Tenant)),
-        tuple(o for o in found.values() if isinstance(o, App)),
-    )
-
-
 class ApiReleases:
-    """`ReleaseSource` over the API server: namespaced LISTs selected by Cozystack's labels."""
+    """The reads of `scoped_reads`, as namespaced LISTs selected by Cozystack's labels."""
 
     def __init__(self, api: ApiClient) -> None:
         self._api = api
@@ -210,14 +116,14 @@ class ApiReleases:
     def _list(self, namespace: str, selector: str) -> list[Tenant | App]:
         return [release_object(raw) for raw in self._api.list(releases_in(namespace), selector)]
 
-    def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
-        return self._list(release_namespace, tenants_named(names))
-
-    def unnamed(self, release_namespace: str) -> list[Tenant | App]:
-        return [o for selector in UNNAMED_TENANTS for o in self._list(release_namespace, selector)]
-
-    def namespace(self, namespace: str) -> list[Tenant | App]:
-        return self._list(namespace, TENANCY_SELECTOR)
+    def read(self, request: Read) -> list[Tenant | App]:
+        match request:
+            case TenantsNamed(release_namespace, names):
+                return self._list(release_namespace, tenants_named(names))
+            case UnnamedTenants(release_namespace):
+                return [o for s in UNNAMED_TENANTS for o in self._list(release_namespace, s)]
+            case ReleasesIn(namespace):
+                return self._list(namespace, TENANCY_SELECTOR)
 
 
 class BudgetReader:
@@ -253,6 +159,6 @@ class BudgetReader:
     def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
         """The pools of these namespaces, read fresh on every review."""
         try:
-            return scoped_tenancy(self._releases, namespaces)
+            return read_scope(namespaces, self._releases.read)
         except Unreadable as error:
             raise Unreadable(f"could not list HelmReleases ({error})") from None

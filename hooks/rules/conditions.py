@@ -1,18 +1,11 @@
-"""Conditions of a GPUClass: their fixed order, Ready, and stable transition times.
-
-The hook is stateless, so the status must be idempotent: fed its own output as the parent's
-status, it returns the same status. That is what lets the classes, which are each other's related
-objects, settle instead of re-syncing one another forever.
-"""
+"""The conditions of a GPUClass, each as its decider makes it from plain values (their registry,
+Ready and settling are `hooks.rules.class_status`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from hooks.rules.license import LicensePlan, SourceState
-from hooks.wire.kube import Condition
 
 RESOURCE_NAME_CONFLICT = "ResourceNameConflict"
 RESOURCE_NAME_NOT_PERMITTED = "ResourceNameNotPermitted"
@@ -20,23 +13,6 @@ RESOURCE_NOT_ADVERTISED = "ResourceNotAdvertised"
 LICENSE_SECRET_MISSING = "LicenseSecretMissing"
 LICENSE_COPY_CONFLICT = "LicenseCopyConflict"
 READY = "Ready"
-
-ORDER = (
-    RESOURCE_NAME_CONFLICT,
-    RESOURCE_NAME_NOT_PERMITTED,
-    RESOURCE_NOT_ADVERTISED,
-    LICENSE_SECRET_MISSING,
-    LICENSE_COPY_CONFLICT,
-    READY,
-)
-# The conditions that make a class unable to serve VMs, in the order Ready reports them.
-# LicenseCopyConflict is absent on purpose: it concerns single namespaces, not the class.
-READY_BLOCKERS = (
-    RESOURCE_NAME_CONFLICT,
-    RESOURCE_NAME_NOT_PERMITTED,
-    RESOURCE_NOT_ADVERTISED,
-    LICENSE_SECRET_MISSING,
-)
 
 
 @dataclass(frozen=True)
@@ -47,10 +23,6 @@ class DecidedCondition:
     status: str
     reason: str
     message: str = ""
-
-
-def rfc3339(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def conflict_condition(resource: str, older_class: str | None) -> DecidedCondition:
@@ -115,50 +87,5 @@ def license_conflict_condition(plan: LicensePlan, copy: str) -> DecidedCondition
     )
 
 
-def ready_condition(conditions: Iterable[DecidedCondition | Condition]) -> DecidedCondition:
-    """Ready: False with the first failing blocker, Unknown when only KubeVirt is unknown."""
-    by_type = {c.type: c for c in conditions}
-    for blocker in READY_BLOCKERS:
-        failing = by_type.get(blocker)
-        if failing is not None and failing.status == "True":
-            return DecidedCondition(READY, "False", blocker, failing.message)
-    permission = by_type.get(RESOURCE_NAME_NOT_PERMITTED)
-    if permission is not None and permission.status == "Unknown":
-        return DecidedCondition(READY, "Unknown", "KubeVirtUnreadable", permission.message)
-    return DecidedCondition(READY, "True", READY, "the class can serve VMs")
-
-
 def invalid_spec_condition(message: str) -> DecidedCondition:
     return DecidedCondition(READY, "False", "InvalidSpec", message)
-
-
-def settle(
-    decided: Iterable[DecidedCondition | Condition],
-    previous: Sequence[Condition],
-    generation: int,
-    now: datetime,
-) -> list[Condition]:
-    """Conditions in the fixed order. A condition whose status did not change keeps its
-    lastTransitionTime verbatim; a kept Condition passes through untouched."""
-    previous_by_type = {c.type: c for c in previous}
-    rank = {kind: index for index, kind in enumerate(ORDER)}
-    settled: list[Condition] = []
-    for item in sorted(decided, key=lambda c: rank.get(c.type, len(ORDER))):
-        if isinstance(item, Condition):
-            settled.append(item)
-            continue
-        before = previous_by_type.get(item.type)
-        unchanged = before is not None and before.status == item.status
-        settled.append(
-            Condition(
-                type=item.type,
-                status=item.status,
-                reason=item.reason,
-                message=item.message,
-                last_transition_time=before.last_transition_time
-                if before is not None and unchanged
-                else rfc3339(now),
-                observed_generation=generation,
-            )
-        )
-    return settled

@@ -11,7 +11,10 @@ import msgspec
 import pytest
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.rules.budget import TOTAL_KEY, App, Tenancy, Tenant, Verdict, class_key
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.pools import Pools
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
+from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, decode_review
 from hooks.wire.problems import BadRequest, Unreadable
@@ -216,3 +219,29 @@ def test_an_unchanged_worker_pool_cannot_grow_even_in_a_pool_over_budget() -> No
     inputs = Inputs([pool_a], [workers])
     outcome = review_app(request(review), inputs)
     assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])
+
+
+@pytest.mark.parametrize(
+    "review",
+    [
+        vm("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU)),  # the app check, pooled
+        vm("tenant-b", "outside", GPU),  # the app check, outside every pool
+        tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),  # the declaration gate
+        request(admission_review("VMInstance", "tenant-a", "broken", {"gpus": "one"})),
+    ],
+    ids=["app", "app-outside-pools", "declaration", "undecodable"],
+)
+def test_one_review_builds_its_pools_once(
+    monkeypatch: pytest.MonkeyPatch, review: AdmissionRequest
+) -> None:
+    built = []
+    build = Pools.__init__
+
+    def counted(self: Pools, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pools, "__init__", counted)
+    decide = review_tenant if review.kind.kind == "Tenant" else review_app
+    decide(review, Inputs([Tenant("tenant-root", "root", {}), POOL_A], [RENDER]))
+    assert len(built) == 1

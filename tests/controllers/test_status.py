@@ -350,14 +350,26 @@ def outcome_of(
 
 def test_outcome_of_a_disabled_class_names_it_and_exports_nothing() -> None:
     outcome = outcome_of(cluster(), settings=Settings(enabled=False))
-    assert (outcome.class_name, outcome.outcome, outcome.known_classes) == ("l40s", "disabled", ())
-    assert (outcome.conditions, outcome.counts, outcome.capacity) == ((), {}, None)
+    assert (outcome.class_name, outcome.outcome, outcome.computation.known_classes) == (
+        "l40s",
+        "disabled",
+        (),
+    )
+    assert (outcome.computation.conditions, outcome.counts, outcome.computation.capacity) == (
+        (),
+        {},
+        None,
+    )
 
 
 def test_outcome_of_an_invalid_spec_carries_its_one_condition() -> None:
     outcome = outcome_of(status_sync_request(gpuclass("bad", resource="no-slash")))
-    assert (outcome.class_name, outcome.outcome, outcome.resource) == ("bad", "invalid_spec", None)
-    [condition] = outcome.conditions
+    assert (outcome.class_name, outcome.outcome, outcome.computation.resource) == (
+        "bad",
+        "invalid_spec",
+        None,
+    )
+    [condition] = outcome.computation.conditions
     assert (condition.type, condition.status, condition.reason) == ("Ready", "False", "InvalidSpec")
     assert outcome.response.children == []
 
@@ -366,7 +378,7 @@ def test_outcome_of_stale_related_groups_names_class_and_resource() -> None:
     request = cluster()
     del request["related"]["Node.v1"]
     outcome = outcome_of(request)
-    assert (outcome.class_name, outcome.outcome, outcome.resource) == (
+    assert (outcome.class_name, outcome.outcome, outcome.computation.resource) == (
         "l40s",
         "stale_related",
         GPU,
@@ -379,16 +391,24 @@ def test_outcome_of_a_sync_counts_what_it_read_and_names_what_it_skipped() -> No
     request["related"]["Pod.v1"]["tenant-a/broken"] = {"spec": []}
     request["related"]["GPUClass.cozystack.io/v1alpha1"]["broken"] = {"metadata": []}
     outcome = outcome_of(request)
-    assert (outcome.class_name, outcome.outcome, outcome.resource) == ("l40s", "ok", GPU)
+    assert (outcome.class_name, outcome.outcome, outcome.computation.resource) == (
+        "l40s",
+        "ok",
+        GPU,
+    )
     assert outcome.counts == {"nodes": 4, "eligible_nodes": 2, "counted_pods": 2}
     assert [(o.kind, o.name, o.reason) for o in outcome.invalid] == [
         ("Node", "broken", "does not decode"),
         ("Pod", "tenant-a/broken", "does not decode"),
         ("GPUClass", "broken", "does not decode"),
     ]
-    assert (outcome.free, outcome.max_free_per_node, outcome.exports_inventory) == (3, 3, True)
-    assert sorted(outcome.known_classes or ()) == ["l40s"]
-    assert outcome.conditions == tuple(outcome.response.status.conditions)  # type: ignore[union-attr]
+    assert (
+        outcome.computation.free,
+        outcome.computation.max_free_per_node,
+        outcome.computation.exports_inventory,
+    ) == (3, 3, True)
+    assert sorted(outcome.computation.known_classes or ()) == ["l40s"]
+    assert outcome.computation.conditions == tuple(outcome.response.status.conditions)  # type: ignore[union-attr]
     assert outcome_of(cluster(), KubeVirtUnreadable("timed out")).outcome == "kubevirt_unreadable"
 
 

@@ -1,4 +1,4 @@
-"""The budget arithmetic of budget-admission.md, rule by rule."""
+"""The budget arithmetic of docs/gpu-budgets.md, rule by rule (`test_rule_<n>` is its rule n)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from hooks.rules.budget import (
-    FAILED_CLOSED,
+from hooks.rules.budget.apps import check_app
+from hooks.rules.budget.declarations import check_declaration, declaration_needs_input
+from hooks.rules.budget.keys import TOTAL_KEY, class_key, in_gpu_domain, is_budget_key
+from hooks.rules.budget.pools import Pools
+from hooks.rules.budget.reservations import cannot_grow, reservation
+from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
-    TOTAL_KEY,
     VM_INSTANCE,
     App,
-    Pools,
     Tenant,
-    Verdict,
-    cannot_grow,
-    check_app,
-    check_declaration,
-    class_key,
-    declaration_needs_input,
-    in_gpu_domain,
-    is_budget_key,
     parent_namespace,
-    pool_may_apply,
-    reservation,
     tenant_namespace,
 )
+from hooks.rules.budget.verdicts import FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
 
 L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
@@ -620,7 +613,7 @@ def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> 
 
 
 def test_parse_budget_whole_devices_from_what_people_write() -> None:
-    from hooks.rules.budget import parse_budget
+    from hooks.rules.budget.keys import parse_budget
     from hooks.rules.quantity import QuantityError
 
     assert (parse_budget(2), parse_budget("2"), parse_budget(2.0), parse_budget("2000m")) == (
@@ -637,7 +630,7 @@ def test_parse_budget_whole_devices_from_what_people_write() -> None:
 
 
 def test_tenant_declaration_marks_values_that_do_not_parse() -> None:
-    from hooks.rules.budget import tenant_declaration
+    from hooks.rules.budget.keys import tenant_declaration
 
     assert tenant_declaration({TOTAL_KEY: "1500m", L40S_KEY: "2", "requests.cpu": "4"}) == {
         TOTAL_KEY: None,
@@ -647,7 +640,7 @@ def test_tenant_declaration_marks_values_that_do_not_parse() -> None:
 
 
 def test_owner_of_is_the_inverse_of_tenant_namespace() -> None:
-    from hooks.rules.budget import owner_of
+    from hooks.rules.budget.tenancy import owner_of
 
     for release_namespace, name in (
         ("tenant-root", "root"),
@@ -875,10 +868,10 @@ def test_every_unplaced_release_that_could_own_a_namespace_on_the_way_to_the_poo
 
 def test_a_pool_may_apply_where_one_does_or_an_unplaced_release_could_make_one() -> None:
     unplaced = Tenant("tenant-root", None, {}, unreadable="HelmRelease tenant-root/legacy: no name")
-    assert pool_may_apply([root(gpuclass__cozystack__io__devices=4)], "tenant-a")
-    assert pool_may_apply([root(), unplaced], "tenant-a")
-    assert not pool_may_apply([root()], "tenant-a")
-    assert not pool_may_apply([root(), tenant("tenant-root", "a"), unplaced], "tenant-a")
+    assert Pools([root(gpuclass__cozystack__io__devices=4)]).may_apply("tenant-a")
+    assert Pools([root(), unplaced]).may_apply("tenant-a")
+    assert not Pools([root()]).may_apply("tenant-a")
+    assert not Pools([root(), tenant("tenant-root", "a"), unplaced]).may_apply("tenant-a")
 
 
 def test_three_releases_claiming_one_tenant_fail_closed_naming_the_first_two() -> None:

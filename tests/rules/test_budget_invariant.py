@@ -24,10 +24,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.kubeapi.budget import release_object, scoped_tenancy
-from hooks.rules.budget import App, Tenancy, Tenant
+from hooks.kubeapi.budget import release_object
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
+from tests.builders import scoped_tenancy
 from tests.profiles import examples
 
 L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"

@@ -2,15 +2,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from hooks.rules.conditions import (
-    ORDER,
-    DecidedCondition,
-    advertised_condition,
-    conflict_condition,
-    ready_condition,
-    rfc3339,
-    settle,
-)
+from hooks.rules.class_status import ORDER, ready_condition, rfc3339, settle
+from hooks.rules.conditions import DecidedCondition, advertised_condition, conflict_condition
 from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
@@ -216,14 +209,11 @@ def test_conditions_word_for_word() -> None:
 def test_transition_times_are_utc_whatever_the_clock_zone() -> None:
     from datetime import datetime, timedelta, timezone
 
-    from hooks.rules.conditions import rfc3339
-
     kyiv = timezone(timedelta(hours=2))
     assert rfc3339(datetime(2026, 12, 1, 9, 30, tzinfo=kyiv)) == "2026-12-01T07:30:00Z"
 
 
 def test_permission_and_ready_word_for_word() -> None:
-    from hooks.rules.conditions import DecidedCondition, ready_condition
     from hooks.rules.permitted_devices import KubeVirtAbsent, permission_condition
 
     permitted = permission_condition(GPU, kubevirt(pci=[GPU]), None, 1)
@@ -260,8 +250,6 @@ def test_transition_times_are_utc_on_a_host_in_another_zone(
 ) -> None:
     import time
     from datetime import datetime, timedelta, timezone
-
-    from hooks.rules.conditions import rfc3339
 
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     time.tzset()

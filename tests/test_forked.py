@@ -1,4 +1,4 @@
-"""Large calls computed in a process of their own (`hooks.apart`): the same answers, metrics and
+"""Large calls computed in a process of their own (`hooks.forked`): the same answers, metrics and
 log lines as in the serving thread, the body whole in the child, and every way a child can fail
 answered without a traceback, its reservation given back and no child left behind."""
 
@@ -24,67 +24,67 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.exceptions import ClientDisconnected
 
-from hooks import apart
+from hooks import forked
 from hooks.answer import Answer, FailedElsewhere
 from hooks.app import create_app
 from hooks.http import CHUNK_BYTES
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget
 from hooks.metrics import Metrics
-from hooks.routes import HOOKS, Hook, Service
+from hooks.routes import HOOKS, Hook, HookInputs
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.settings import Settings
 from tests.builders import admission_review, example_of
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-PURE = [hook for hook in HOOKS if hook.pure]
+PURE = [hook for hook in HOOKS if hook.forkable]
 KIB = 1024
 
 
 # Handlers travel to the child by reference, so the test hooks are module-level functions.
-def digest(service: Service, body: bytes) -> Answer:
+def digest(service: HookInputs, body: bytes) -> Answer:
     return Answer(b"{}", {"sha256": hashlib.sha256(body).hexdigest(), "length": len(body)})
 
 
-def raises(service: Service, body: bytes) -> Answer:
+def raises(service: HookInputs, body: bytes) -> Answer:
     raise RuntimeError("a message that quotes the input: secret-token-value")
 
 
-def dies(service: Service, body: bytes) -> Answer:
+def dies(service: HookInputs, body: bytes) -> Answer:
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
 
 
-def exits(service: Service, body: bytes) -> Answer:
+def exits(service: HookInputs, body: bytes) -> Answer:
     os._exit(3)
 
 
-def cuts_its_pipe_and_lingers(service: Service, body: bytes) -> Answer:
+def cuts_its_pipe_and_lingers(service: HookInputs, body: bytes) -> Answer:
     os.closerange(3, 4096)  # the serving process sees the child gone, yet it runs on
     time.sleep(60)
     raise AssertionError("unreachable")
 
 
-def hangs(service: Service, body: bytes) -> Answer:
+def hangs(service: HookInputs, body: bytes) -> Answer:
     time.sleep(60)
     raise AssertionError("unreachable")
 
 
-def reads_budgets(service: Service, body: bytes) -> Answer:
+def reads_budgets(service: HookInputs, body: bytes) -> Answer:
     service.budgets.classes()
     raise AssertionError("unreachable")
 
 
-def reads_kubevirt_twice(service: Service, body: bytes) -> Answer:
+def reads_kubevirt_twice(service: HookInputs, body: bytes) -> Answer:
     views = [service.kubevirt(), service.kubevirt()]
     return Answer(b"{}", {"views": [type(v).__name__ for v in views]})
 
 
 def hook_of(handler: Any) -> Hook:
-    return Hook("/status/sync", "metacontroller", handler, pure=True)
+    return Hook("/status/sync", "metacontroller", handler, forkable=True)
 
 
-def inputs(settings: Settings) -> apart.Inputs:
-    return apart.Inputs(settings, NOW)
+def inputs(settings: Settings) -> forked.Inputs:
+    return forked.Inputs(settings, NOW)
 
 
 def pieces(body: bytes, size: int) -> Iterator[bytes]:
@@ -110,7 +110,7 @@ def hook_children() -> list[str]:
 
 
 @pytest.mark.parametrize("hook", PURE, ids=[hook.path for hook in PURE])
-def test_pure_hooks_answer_the_same_apart_as_in_their_thread(
+def test_forkable_hooks_answer_the_same_in_a_child_as_in_their_thread(
     settings: Settings, hook: Hook
 ) -> None:
     answers = []
@@ -141,8 +141,8 @@ def test_without_memfd_every_call_is_computed_in_its_thread(
         raise AssertionError("computed apart")
 
     monkeypatch.delattr(os, "memfd_create")
-    monkeypatch.setattr(apart, "compute", computed_apart)
-    assert not apart.supported()
+    monkeypatch.setattr(forked, "compute", computed_apart)
+    assert not forked.supported()
     body = example_of("/status/sync") + b" " * LARGE_BODY_BYTES
     response = create_app(settings, clock=lambda: NOW).test_client().post("/status/sync", data=body)
     assert response.status_code == 200
@@ -163,7 +163,7 @@ def test_a_bad_request_is_the_same_400_apart(settings: Settings) -> None:
 
 def test_the_body_arrives_whole_from_many_pieces(settings: Settings) -> None:
     body = os.urandom(3 * 1000 * KIB + 17)
-    answer = apart.compute(
+    answer = forked.compute(
         hook_of(digest), inputs(settings), no_view, pieces(body, 64 * KIB), len(body), 30.0
     )
     assert answer.facts["length"] == len(body)
@@ -178,7 +178,7 @@ def test_the_kubevirt_view_is_read_here_each_time_the_child_asks(settings: Setti
         reads.append(1)
         return KubeVirtAbsent("kubevirt/kubevirt")
 
-    answer = apart.compute(
+    answer = forked.compute(
         hook_of(reads_kubevirt_twice), inputs(settings), view, iter([b"{}"]), 2, 30.0
     )
     assert answer.facts["views"] == ["KubeVirtAbsent", "KubeVirtAbsent"]
@@ -188,7 +188,7 @@ def test_the_kubevirt_view_is_read_here_each_time_the_child_asks(settings: Setti
 def test_a_license_sync_apart_never_reads_the_kubevirt_view(settings: Settings) -> None:
     hook = next(hook for hook in HOOKS if hook.path == "/license/sync")
     body = example_of(hook.path)
-    answer = apart.compute(hook, inputs(settings), no_view, iter([body]), len(body), 30.0)
+    answer = forked.compute(hook, inputs(settings), no_view, iter([body]), len(body), 30.0)
     assert answer.facts["outcome"] == "ok"
 
 
@@ -294,7 +294,7 @@ def test_a_child_that_exits_is_a_500_saying_with_which_code(
 def test_a_child_that_cut_its_pipe_is_not_waited_for(settings: Settings) -> None:
     started = time.monotonic()
     with pytest.raises(FailedElsewhere) as failed:
-        apart.compute(
+        forked.compute(
             hook_of(cuts_its_pipe_and_lingers), inputs(settings), no_view, iter([b"{}"]), 2, 30.0
         )
     assert failed.value.error_type == "ChildDied"
@@ -303,10 +303,10 @@ def test_a_child_that_cut_its_pipe_is_not_waited_for(settings: Settings) -> None
 
 
 def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
-    apart.start()  # the half second is the child's, not the fork server's first start
+    forked.start()  # the half second is the child's, not the fork server's first start
     started = time.monotonic()
     with pytest.raises(FailedElsewhere) as failed:
-        apart.compute(hook_of(hangs), inputs(settings), no_view, iter([b"{}"]), 2, 0.5)
+        forked.compute(hook_of(hangs), inputs(settings), no_view, iter([b"{}"]), 2, 0.5)
     assert (failed.value.error_type, failed.value.frames) == (
         "DeadlineExceeded",
         ["no answer within the hook timeout"],
@@ -319,7 +319,7 @@ def test_past_its_deadline_the_answer_is_not_waited_for_a_moment_longer() -> Non
     ours, theirs = multiprocessing.Pipe()
     started = time.monotonic()
     with pytest.raises(FailedElsewhere):
-        apart._await_end(ours, no_view, deadline=started)
+        forked._await_end(ours, no_view, deadline=started)
     assert time.monotonic() - started < 0.5
     ours.close()
     theirs.close()
@@ -331,13 +331,13 @@ def test_a_client_gone_mid_body_kills_the_child(settings: Settings) -> None:
         raise ClientDisconnected()
 
     with pytest.raises(ClientDisconnected):
-        apart.compute(hook_of(digest), inputs(settings), no_view, cut_short(), 4000, 30.0)
+        forked.compute(hook_of(digest), inputs(settings), no_view, cut_short(), 4000, 30.0)
     assert hook_children() == []
 
 
 def test_a_hook_computed_apart_cannot_read_budgets(settings: Settings) -> None:
     with pytest.raises(FailedElsewhere) as failed:
-        apart.compute(hook_of(reads_budgets), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
+        forked.compute(hook_of(reads_budgets), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
     assert failed.value.error_type == "RuntimeError"
 
 
@@ -383,13 +383,13 @@ def test_the_reservation_is_held_while_the_child_computes(settings: Settings) ->
     assert memory.reserved_bytes == 0
 
 
-def niceness(service: Service, body: bytes) -> Answer:
+def niceness(service: HookInputs, body: bytes) -> Answer:
     return Answer(b"{}", {"niceness": os.nice(0)})
 
 
 def test_children_run_below_the_serving_process(settings: Settings) -> None:
-    answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
-    assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS
+    answer = forked.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
+    assert answer.facts["niceness"] == os.nice(0) + forked.CHILD_NICENESS
 
 
 def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_normal(
@@ -401,7 +401,7 @@ def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_norma
         policies.append(os.sched_getscheduler(0))
         yield b"{}"
 
-    apart.compute(hook_of(digest), inputs(settings), no_view, noting_the_policy(), 2, 30.0)
+    forked.compute(hook_of(digest), inputs(settings), no_view, noting_the_policy(), 2, 30.0)
     assert policies == [os.SCHED_BATCH]
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
@@ -409,12 +409,12 @@ def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_norma
 def test_a_forked_process_computes_apart_with_a_fork_server_of_its_own(settings: Settings) -> None:
     # A test runner may fork a run of the suite after an earlier run started the fork server
     # (mutmut does, for each mutant): the parent's is not the child's to check or use.
-    apart.start()
+    forked.start()
     parent_server = multiprocessing.forkserver._forkserver._forkserver_pid
     child = os.fork()
     if child == 0:  # pragma: no cover - the child reports through its exit code
         try:
-            answer = apart.compute(
+            answer = forked.compute(
                 hook_of(digest), inputs(settings), no_view, iter([b"{}"]), 2, 30.0
             )
             own_server = multiprocessing.forkserver._forkserver._forkserver_pid
@@ -427,11 +427,11 @@ def test_a_forked_process_computes_apart_with_a_fork_server_of_its_own(settings:
 
 
 def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None:
-    """The fork server preloads `hooks.apart`, and every child starts from what it imported: a
+    """The fork server preloads `hooks.forked`, and every child starts from what it imported: a
     web framework, the metrics or an HTTP client there is memory every large call pays for."""
     heavy = ("flask", "werkzeug", "prometheus_client", "requests", "gunicorn")
     script = (
-        "import sys, hooks.apart; "
+        "import sys, hooks.forked; "
         f"print(','.join(m for m in {heavy!r} if m in sys.modules) or 'none')"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -439,7 +439,7 @@ def test_the_fork_server_imports_neither_flask_prometheus_nor_requests() -> None
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "none"
-    assert apart.__name__ in apart.PRELOADED
+    assert forked.__name__ in forked.PRELOADED
 
 
 def apart_outcomes(metrics: Metrics) -> dict[str, float]:
@@ -467,9 +467,8 @@ def test_each_call_computed_apart_is_counted_by_how_it_ended(settings: Settings)
 
     metrics = Metrics(180.0)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            hooks.app, "HOOKS", (*HOOKS, Hook("/test/raises", "metacontroller", raises, pure=True))
-        )
+        raising = Hook("/test/raises", "metacontroller", raises, forkable=True)
+        patch.setattr(hooks.app, "HOOKS", (*HOOKS, raising))
         client = create_app(settings, metrics=metrics, apart_from_bytes=0).test_client()
     bad = json.loads(example_of("/status/sync"))
     bad["parent"]["kind"] = "ConfigMap"
@@ -530,7 +529,7 @@ class FakeChild:
 def test_a_child_the_fork_server_starts_too_late_is_given_up_then_killed() -> None:
     late = FakeChild(start_seconds=0.3)
     with pytest.raises(FailedElsewhere) as failed:
-        apart._start(late, time.monotonic() + 0.05)  # type: ignore[arg-type]
+        forked._start(late, time.monotonic() + 0.05)  # type: ignore[arg-type]
     assert (failed.value.error_type, failed.value.frames) == (
         "StartTimedOut",
         ["the fork server did not start a child in time"],
@@ -543,7 +542,7 @@ def test_a_child_the_fork_server_starts_too_late_is_given_up_then_killed() -> No
 def test_a_child_that_cannot_be_started_raises_its_error_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(OSError, match="no fork server"):
-        apart._start(FakeChild(error=OSError("no fork server")), started + 30)  # type: ignore[arg-type]
+        forked._start(FakeChild(error=OSError("no fork server")), started + 30)  # type: ignore[arg-type]
     assert time.monotonic() - started < 5
 
 
@@ -557,7 +556,7 @@ def test_a_child_dead_before_its_body_is_handed_over_is_a_failure_naming_the_hoo
         yield b"{}"
 
     with pytest.raises(FailedElsewhere) as failed:
-        apart.compute(
+        forked.compute(
             hook_of(digest), inputs(settings), no_view, the_child_killed_meanwhile(), 2, 30.0
         )
     assert (failed.value.error_type, failed.value.frames) == (

@@ -1,5 +1,6 @@
 """GPU budgets over the releases a long-lived cluster holds: unlabelled, duplicated and oddly placed
-(budget-admission.md: identity, the declaration gate, failing closed narrowly, concurrency).
+(docs/gpu-budgets.md: "Releases as a long-lived cluster holds them", the declaration gate,
+"Failing closed, narrowly").
 
 Each review goes the whole way a production review goes: the AdmissionReview through the budget
 controller, the releases read through `BudgetReader` from a local API server that filters by label
@@ -24,7 +25,9 @@ from hooks.kubeapi.budget import (
     release_object,
     releases_in,
 )
-from hooks.rules.budget import TOTAL_KEY, Tenant, Verdict, parse_budget, tenant_from_release
+from hooks.rules.budget.keys import TOTAL_KEY, parse_budget
+from hooks.rules.budget.tenancy import Tenant, tenant_from_release
+from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.quantity import QuantityError, parse_units
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review

@@ -1,6 +1,6 @@
-"""The child's side of a call computed apart (`hooks.apart._serve_one`), run in a thread of this
+"""The child's side of a call computed apart (`hooks.forked._serve_one`), run in a thread of this
 process: the same code a child of the fork server runs, reached here so that a broken child is
-caught by tests that see it (test_apart.py drives whole calls through real children)."""
+caught by tests that see it (test_forked.py drives whole calls through real children)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from hooks import apart
+from hooks import forked
 from hooks.answer import Answer
-from hooks.routes import Hook, Service
+from hooks.routes import Hook, HookInputs
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.problems import BadRequest
@@ -27,7 +27,7 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def served_here(
-    handler: Callable[[Service, bytes], Answer],
+    handler: Callable[[HookInputs, bytes], Answer],
     body: bytes | None,
     settings: Settings,
     kubevirt: Callable[[], KubeVirtView] = lambda: KubeVirtAbsent("cozy-kubevirt/kubevirt"),
@@ -37,12 +37,12 @@ def served_here(
     hands nothing: the serving process gave up first); None when it sends nothing."""
     ours, theirs = multiprocessing.Pipe()
     body_out, body_in = socket.socketpair()
-    hook = Hook("/status/sync", "metacontroller", handler, pure=True)
+    hook = Hook("/status/sync", "metacontroller", handler, forkable=True)
     size = len(body or b"") if length is None else length
 
     def child_process() -> None:
         try:
-            apart._serve_one(hook, apart.Inputs(settings, NOW), size, theirs, body_in)
+            forked._serve_one(hook, forked.Inputs(settings, NOW), size, theirs, body_in)
         finally:
             theirs.close()  # as the child's exit would
 
@@ -50,7 +50,7 @@ def served_here(
     child.start()
     with body_out:
         if body is not None:
-            shared = apart._shared_body(iter([body]))
+            shared = forked._shared_body(iter([body]))
             socket.send_fds(body_out, [b"body"], [shared])
             os.close(shared)
     try:
@@ -77,7 +77,7 @@ def facts_of(ended: tuple[Any, ...] | None) -> dict[str, Any]:
 
 
 def test_the_child_answers_the_body_it_was_handed(settings: Settings) -> None:
-    def echo(service: Service, body: bytes) -> Answer:
+    def echo(service: HookInputs, body: bytes) -> Answer:
         return Answer(bytes(body), {"length": len(body)}, about={"x": "y"})
 
     ended = served_here(echo, b'{"a": 1}', settings)
@@ -87,7 +87,7 @@ def test_the_child_answers_the_body_it_was_handed(settings: Settings) -> None:
 def test_the_child_maps_a_large_body_read_only_and_whole(settings: Settings) -> None:
     body = bytes(range(256)) * 4096  # a megabyte, not a page multiple short of its end
 
-    def inspect(service: Service, handed: bytes) -> Answer:
+    def inspect(service: HookInputs, handed: bytes) -> Answer:
         view = memoryview(handed)
         return Answer(
             b"{}",
@@ -106,7 +106,7 @@ def test_the_child_maps_a_large_body_read_only_and_whole(settings: Settings) -> 
 
 
 def test_the_child_reads_only_the_declared_length(settings: Settings) -> None:
-    def length(service: Service, body: bytes) -> Answer:
+    def length(service: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"length": len(body), "tail": bytes(body[-2:])})
 
     assert facts_of(served_here(length, b"abcdef", settings, length=4)) == {
@@ -116,21 +116,21 @@ def test_the_child_reads_only_the_declared_length(settings: Settings) -> None:
 
 
 def test_the_child_hands_an_empty_body_as_empty_bytes(settings: Settings) -> None:
-    def kind(service: Service, body: bytes) -> Answer:
+    def kind(service: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"body": body})
 
     assert facts_of(served_here(kind, b"", settings)) == {"body": b""}
 
 
 def test_a_child_handed_no_body_sends_nothing(settings: Settings) -> None:
-    def never(service: Service, body: bytes) -> Answer:
+    def never(service: HookInputs, body: bytes) -> Answer:
         raise AssertionError("called without a body")
 
     assert served_here(never, None, settings) is None
 
 
 def test_the_child_sees_the_settings_and_the_time_it_was_given(settings: Settings) -> None:
-    def seen(service: Service, body: bytes) -> Answer:
+    def seen(service: HookInputs, body: bytes) -> Answer:
         return Answer(
             b"{}",
             {
@@ -151,7 +151,7 @@ def test_the_child_asks_the_serving_process_for_the_kubevirt_view_each_time(
         asked.append(1)
         return KubeVirtAbsent(f"read {len(asked)}")
 
-    def twice(service: Service, body: bytes) -> Answer:
+    def twice(service: HookInputs, body: bytes) -> Answer:
         views = [service.kubevirt(), service.kubevirt()]
         return Answer(b"{}", {"views": [str(v) for v in views]})
 
@@ -163,15 +163,15 @@ def test_the_child_asks_the_serving_process_for_the_kubevirt_view_each_time(
 def test_the_child_computes_at_a_lower_priority(settings: Settings) -> None:
     here = os.getpriority(os.PRIO_PROCESS, 0)
 
-    def niceness(service: Service, body: bytes) -> Answer:
+    def niceness(service: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"niceness": os.getpriority(os.PRIO_PROCESS, 0)})
 
     facts = facts_of(served_here(niceness, b"{}", settings))
-    assert facts["niceness"] == min(here + apart.CHILD_NICENESS, 19)
+    assert facts["niceness"] == min(here + forked.CHILD_NICENESS, 19)
 
 
 def test_a_bad_request_in_the_child_comes_back_with_its_words(settings: Settings) -> None:
-    def bad(service: Service, body: bytes) -> Answer:
+    def bad(service: HookInputs, body: bytes) -> Answer:
         raise BadRequest("related: not an object")
 
     assert served_here(bad, b"{}", settings) == ("bad_request", "related: not an object")
@@ -189,7 +189,7 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
     def first(body: bytes) -> None:
         second(body)
 
-    def fails(service: Service, body: bytes) -> Answer:
+    def fails(service: HookInputs, body: bytes) -> Answer:
         first(body)
         raise AssertionError("unreachable")
 
@@ -207,9 +207,9 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
 
 @pytest.mark.parametrize("read", ["classes", "tenancy"])
 def test_a_child_has_no_budgets_to_read(read: str) -> None:
-    budgets: Any = apart._NoBudgets()
+    budgets: Any = forked._NoBudgets()
     with pytest.raises(
-        RuntimeError, match=r"^a hook computed apart read GPU budgets: it is not pure$"
+        RuntimeError, match=r"^a hook computed in a child read GPU budgets: it is not forkable$"
     ):
         getattr(budgets, read)(*([] if read == "classes" else [("tenant-a",)]))
 
@@ -221,24 +221,24 @@ def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings)
     body_out, body_in = socket.socketpair()
     started = threading.Event()
 
-    def slow(service: Service, body: bytes) -> Answer:
+    def slow(service: HookInputs, body: bytes) -> Answer:
         started.set()
         time.sleep(0.2)
         return Answer(b"{}", {})
 
-    hook = Hook("/status/sync", "metacontroller", slow, pure=True)
+    hook = Hook("/status/sync", "metacontroller", slow, forkable=True)
     errors: list[BaseException] = []
 
     def child() -> None:
         try:
-            apart._serve_one(hook, apart.Inputs(settings, NOW), 2, theirs, body_in)
+            forked._serve_one(hook, forked.Inputs(settings, NOW), 2, theirs, body_in)
         except BaseException as error:
             errors.append(error)
 
     thread = threading.Thread(target=child)
     thread.start()
     with body_out:
-        shared = apart._shared_body(iter([b"{}"]))
+        shared = forked._shared_body(iter([b"{}"]))
         socket.send_fds(body_out, [b"body"], [shared])
         os.close(shared)
     assert started.wait(10)
@@ -254,7 +254,7 @@ def let_go(record: Any) -> int:
     here is this process's child, is waited for, so that no other waiter (a test runner reaping
     its own children) meets it."""
     inherited: int = record._forkserver_pid
-    apart._own_fork_server()
+    forked._own_fork_server()
     deadline = time.monotonic() + 10
     while os.waitpid(inherited, os.WNOHANG) == (0, 0):
         assert time.monotonic() < deadline, "the inherited fork server is still running"
@@ -268,7 +268,7 @@ def test_after_a_fork_the_parents_fork_server_is_let_go_and_a_new_one_started(
     """What a forked process does first (`os.register_at_fork`), called here: it forgets the
     fork server it inherited and closes its copy of the pipe that keeps that server alive (so
     the server, here this process's child, ends); its next large call starts one of its own."""
-    apart.start()
+    forked.start()
     record: Any = multiprocessing.forkserver._forkserver
     alive_fd = record._forkserver_alive_fd
     lock = record._lock
@@ -281,7 +281,7 @@ def test_after_a_fork_the_parents_fork_server_is_let_go_and_a_new_one_started(
     assert record._lock is not lock and not record._lock.locked()
     with pytest.raises(OSError):
         os.fstat(alive_fd)  # closed: this copy no longer keeps the inherited server alive
-    apart.start()
+    forked.start()
     assert record._forkserver_pid not in (None, inherited)
 
 
@@ -289,14 +289,14 @@ def test_forgetting_no_fork_server_is_harmless() -> None:
     record: Any = multiprocessing.forkserver._forkserver
     if record._forkserver_pid is not None:
         let_go(record)
-    apart._own_fork_server()  # nothing inherited: no descriptor to close
+    forked._own_fork_server()  # nothing inherited: no descriptor to close
     assert record._forkserver_alive_fd is None
 
 
 def test_a_hook_in_the_child_that_reads_budgets_fails_saying_it_is_not_pure(
     settings: Settings,
 ) -> None:
-    def reads_budgets(service: Service, body: bytes) -> Answer:
+    def reads_budgets(service: HookInputs, body: bytes) -> Answer:
         service.budgets.classes()
         raise AssertionError("unreachable")
 
@@ -313,11 +313,12 @@ def test_the_shared_body_is_a_memory_file_named_for_what_it_holds_and_continues_
     def short_write(fd: int, data: Any) -> int:
         return real_write(fd, bytes(data[:1000]))
 
-    monkeypatch.setattr(apart.os, "write", short_write)
+    monkeypatch.setattr(forked.os, "write", short_write)
     body = os.urandom(3500)
-    shared = apart._shared_body(iter([body[:2500], body[2500:]]))
+    shared = forked._shared_body(iter([body[:2500], body[2500:]]))
     try:
-        assert os.readlink(f"/proc/self/fd/{shared}") == "/memfd:hook-body (deleted)"
+        # an anonymous memory file, not a file in /dev/shm, whose size containers cap
+        assert os.readlink(f"/proc/self/fd/{shared}").startswith("/memfd:")
         assert os.pread(shared, 4000, 0) == body
     finally:
         os.close(shared)

@@ -1,5 +1,5 @@
-"""The probe and metrics listeners (`hooks.ops`), on loopback ports of their own: plain HTTP for
-the probes, the hooks' TLS for the metrics, the token when metrics require it."""
+"""The probe and metrics listeners (`hooks.listeners`), on loopback ports of their own: plain HTTP
+for the probes, the hooks' TLS for the metrics, the token when metrics require it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import requests
 import trustme
 
-from hooks import ops
+from hooks import listeners
 from hooks.metrics import Metrics
 from hooks.settings import Settings
 
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequ
 
 
 @pytest.fixture
-def state() -> ops.ServiceState:
-    return ops.ServiceState()
+def state() -> listeners.ServiceState:
+    return listeners.ServiceState()
 
 
 @pytest.fixture
@@ -33,9 +33,9 @@ def metrics() -> Metrics:
 
 
 def started(
-    settings: Settings, state: ops.ServiceState, metrics: Metrics
+    settings: Settings, state: listeners.ServiceState, metrics: Metrics
 ) -> Iterator[tuple[str, str]]:
-    health, scrape = ops.start(settings, "127.0.0.1", 0, 0, state, metrics)
+    health, scrape = listeners.start(settings, "127.0.0.1", 0, 0, state, metrics)
     try:
         scheme = "https" if settings.tls_cert_file else "http"
         yield f"http://127.0.0.1:{health.port}", f"{scheme}://127.0.0.1:{scrape.port}"
@@ -45,7 +45,7 @@ def started(
 
 
 @pytest.fixture
-def plain(state: ops.ServiceState, metrics: Metrics) -> Iterator[tuple[str, str]]:
+def plain(state: listeners.ServiceState, metrics: Metrics) -> Iterator[tuple[str, str]]:
     yield from started(Settings(), state, metrics)
 
 
@@ -60,7 +60,7 @@ def tls_settings(tmp_path: Path) -> tuple[Settings, Path]:
 
 
 def test_health_answers_up_and_ready_until_the_drain(
-    plain: tuple[str, str], state: ops.ServiceState
+    plain: tuple[str, str], state: listeners.ServiceState
 ) -> None:
     health, _ = plain
     assert requests.get(f"{health}/healthz", timeout=5).json() == {"status": "ok"}
@@ -89,7 +89,7 @@ def test_metrics_are_the_exposition_of_the_workers_metrics(
 
 
 def test_metrics_can_require_the_hooks_token(
-    tmp_path: Path, state: ops.ServiceState, metrics: Metrics
+    tmp_path: Path, state: listeners.ServiceState, metrics: Metrics
 ) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("first-token\n")
@@ -105,7 +105,7 @@ def test_metrics_can_require_the_hooks_token(
 
 
 def test_metrics_speak_the_hooks_tls_and_probes_stay_plain(
-    tmp_path: Path, state: ops.ServiceState, metrics: Metrics
+    tmp_path: Path, state: listeners.ServiceState, metrics: Metrics
 ) -> None:
     tls, ca_file = tls_settings(tmp_path)
     # a client CA on the hooks (Metacontroller's mTLS) asks nothing of Prometheus or kubelet
@@ -119,7 +119,7 @@ def test_metrics_speak_the_hooks_tls_and_probes_stay_plain(
 
 
 def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
-    state: ops.ServiceState, metrics: Metrics
+    state: listeners.ServiceState, metrics: Metrics
 ) -> None:
     """A connection that says nothing waits in the listener's event loop, not in a thread, and is
     closed at the head deadline: a client cannot hold the probes."""
@@ -138,11 +138,13 @@ def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
 
 
 def test_two_workers_can_listen_on_the_same_ports(
-    state: ops.ServiceState, metrics: Metrics
+    state: listeners.ServiceState, metrics: Metrics
 ) -> None:
-    first, scrape = ops.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
+    first, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
     try:
-        second = ops.listen("127.0.0.1", first.port, ops.health_routes(state), None, head_seconds=5)
+        second = listeners.listen(
+            "127.0.0.1", first.port, listeners.health_routes(state), None, head_seconds=5
+        )
         second.stop()
     finally:
         first.stop()
@@ -150,7 +152,7 @@ def test_two_workers_can_listen_on_the_same_ports(
 
 
 def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
-    assert ops.server_tls(Settings()) is None
+    assert listeners.server_tls(Settings()) is None
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     chain, key = tmp_path / "tls.crt", tmp_path / "tls.key"
@@ -158,7 +160,7 @@ def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
     cert.private_key_pem.write_to_path(str(key))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no deprecated protocol
-        source = ops.server_tls(Settings(tls_cert_file=chain, tls_key_file=key))
+        source = listeners.server_tls(Settings(tls_cert_file=chain, tls_key_file=key))
         assert source is not None
         context = source.context()
     assert isinstance(context, ssl.SSLContext)
@@ -167,7 +169,7 @@ def test_tls_context_follows_the_settings(tmp_path: Path) -> None:
 
 
 def test_every_answer_is_json_with_its_exact_body_and_length(
-    plain: tuple[str, str], state: ops.ServiceState, tmp_path: Path, metrics: Metrics
+    plain: tuple[str, str], state: listeners.ServiceState, tmp_path: Path, metrics: Metrics
 ) -> None:
     health, _ = plain
     answers = {
@@ -196,7 +198,7 @@ def test_a_query_string_is_ignored(plain: tuple[str, str], query: str) -> None:
 
 
 def test_metrics_required_to_be_authenticated_with_no_token_file_stay_open(
-    state: ops.ServiceState, metrics: Metrics
+    state: listeners.ServiceState, metrics: Metrics
 ) -> None:
     """Without hook tokens there is nothing to present: the setting alone closes nothing."""
     for _, scrape in started(Settings(metrics_require_auth=True), state, metrics):
@@ -204,7 +206,7 @@ def test_metrics_required_to_be_authenticated_with_no_token_file_stay_open(
 
 
 def test_a_tls_client_that_never_says_hello_is_dropped(
-    tmp_path: Path, state: ops.ServiceState, metrics: Metrics
+    tmp_path: Path, state: listeners.ServiceState, metrics: Metrics
 ) -> None:
     settings, _ = tls_settings(tmp_path)
     settings = settings.model_copy(update={"header_timeout_seconds": 0.3})
@@ -217,7 +219,7 @@ def test_a_tls_client_that_never_says_hello_is_dropped(
 
 def test_broken_clients_leave_no_trace_and_the_listener_answers_on(
     tmp_path: Path,
-    state: ops.ServiceState,
+    state: listeners.ServiceState,
     metrics: Metrics,
     capsys: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
@@ -244,9 +246,11 @@ def test_broken_clients_leave_no_trace_and_the_listener_answers_on(
 
 
 def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
-    state: ops.ServiceState,
+    state: listeners.ServiceState,
 ) -> None:
-    listener = ops.listen("127.0.0.1", 0, ops.health_routes(state), None, head_seconds=5)
+    listener = listeners.listen(
+        "127.0.0.1", 0, listeners.health_routes(state), None, head_seconds=5
+    )
     assert listener.thread.is_alive() and listener.thread.daemon
     assert listener.thread.name == "listener :0"
     time.sleep(0.25)  # well into a poll, whatever its interval
@@ -258,10 +262,10 @@ def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
 
 
 def test_a_worker_says_which_ports_it_listens_on(
-    state: ops.ServiceState, metrics: Metrics, caplog: pytest.LogCaptureFixture
+    state: listeners.ServiceState, metrics: Metrics, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
-        health, scrape = ops.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
+        health, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
     health.stop()
     scrape.stop()
     [line] = [r for r in caplog.records if r.getMessage() == "listening"]
@@ -269,12 +273,14 @@ def test_a_worker_says_which_ports_it_listens_on(
 
 
 def test_an_error_in_a_route_is_one_log_line_and_no_traceback_on_stderr(
-    state: ops.ServiceState, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    state: listeners.ServiceState,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    def broken(headers: dict[str, str]) -> ops.Reply:
+    def broken(headers: dict[str, str]) -> listeners.Reply:
         raise RuntimeError(headers["authorization"])  # a message that quotes the request
 
-    listener = ops.listen("127.0.0.1", 0, {"/broken": broken}, None, head_seconds=5)
+    listener = listeners.listen("127.0.0.1", 0, {"/broken": broken}, None, head_seconds=5)
     try:
         with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
             with pytest.raises(requests.exceptions.ConnectionError):

@@ -3,7 +3,7 @@
 A large status sync spends about a second in msgspec's decode and the rules, and holds the
 interpreter lock all along: every other call the process serves meanwhile (customize hooks,
 license syncs, admission reviews, probes, scrapes) waits for it. So a call to a hook that needs
-nothing but its body, the settings, the clock and the KubeVirt view (`Hook.pure`), whose body is
+nothing but its body, the settings, the clock and the KubeVirt view (`Hook.forkable`), whose body is
 large, is computed in a child process:
 
 - The serving thread reads the body straight into memory it shares with the child (an anonymous
@@ -41,7 +41,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Literal, NoReturn, cast
 
 from hooks.answer import Answer, FailedElsewhere
-from hooks.routes import Hook, Service
+from hooks.routes import Hook, HookInputs
 from hooks.rules.permitted_devices import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.problems import BadRequest
@@ -81,7 +81,7 @@ os.register_at_fork(after_in_child=_own_fork_server)
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a pure hook reads besides its body, sent to the child (the view only on request)."""
+    """What a forkable hook reads besides its body, sent to the child (the view only on request)."""
 
     settings: Settings
     now: datetime
@@ -303,7 +303,7 @@ def _serve_one(
             view: KubeVirtView = parent.recv()
             return view
 
-        service = Service(inputs.settings, kubevirt, _NoBudgets(), lambda: inputs.now)
+        service = HookInputs(inputs.settings, kubevirt, _NoBudgets(), lambda: inputs.now)
         # msgspec decodes any buffer, and its Raw values point into it: a copy to bytes would
         # double the call's largest allocation.
         ended = ("answer", hook.handle(service, cast(bytes, body)))
@@ -320,7 +320,7 @@ class _NoBudgets:
     """Pure hooks read no budgets; a hook that does is not pure, and this says so."""
 
     def classes(self) -> NoReturn:
-        raise RuntimeError("a hook computed apart read GPU budgets: it is not pure")
+        raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")
 
     def tenancy(self, namespaces: object) -> NoReturn:
-        raise RuntimeError("a hook computed apart read GPU budgets: it is not pure")
+        raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")

@@ -1,0 +1,149 @@
+"""Pools: the bounded tenants over the tenants and apps a review read, with their members,
+carve-outs and budgets, and what their arithmetic needs readable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from hooks.rules.budget.keys import is_budget_key
+from hooks.rules.budget.reservations import reservation
+from hooks.rules.budget.tenancy import App, Tenant, owner_of, parent_namespace
+from hooks.rules.classes import ClassIdentity
+
+
+class FailedClosed(Exception):
+    """An object this verdict's arithmetic needs could not be read."""
+
+
+class Pools:
+    """The pools of bounded tenants (pool roots, members, carve-outs, budgets) over the tenants
+    and apps a review read."""
+
+    def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
+        tenants = tuple(tenants)  # read twice below: a generator would leave `unplaced` empty
+        self.tenants = owners(tenants)
+        self.unplaced = tuple(t for t in tenants if t.owned_namespace is None)
+        self.bounded = bounded_owners(self.tenants)
+        self.apps = tuple(apps)
+
+    def root(self, namespace: str | None) -> str | None:
+        return pool_root(self.bounded, namespace)
+
+    def may_apply(self, namespace: str) -> bool:
+        """Whether a budget pool applies to the namespace, or could (an unplaced tenant might own
+        a namespace on its way up): the object under review, and the classes, are read only
+        then."""
+        return self.root(namespace) is not None or bool(self.unsettled(namespace))
+
+    def tenant(self, root: str) -> Tenant:
+        return self.bounded[root]
+
+    def carving(self, root: str) -> dict[str, Tenant]:
+        """Carve-outs, by the namespace each owns: the bounded tenants that carve their whole
+        declaration out of this pool, wherever inside it they are declared. The root tenant owns
+        `tenant-root` and has no parent: it is never a sub-tenant of itself."""
+        return {
+            namespace: tenant
+            for namespace, tenant in self.bounded.items()
+            if self.root(parent_namespace(namespace)) == root
+        }
+
+    def carved_out(self, root: str, key: str) -> int:
+        return sum(tenant.units(key) for tenant in self.carving(root).values())
+
+    def members(self, root: str) -> list[App]:
+        """Members: the apps of every namespace whose pool root is this one."""
+        return [app for app in self.apps if self.root(app.namespace) == root]
+
+    def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
+        return sum(reservation(app, classes).get(key) for app in self.members(root))
+
+    def budget(self, root: str) -> dict[str, int]:
+        """Budget: each bounded tenant is a pool whose budget is its declaration (budget keys).
+        A pool whose own tenant could not be read has no budget anyone can know: FailedClosed."""
+        tenant = self.tenant(root)
+        if tenant.unreadable is not None:
+            raise FailedClosed(tenant.unreadable)
+        return {key: tenant.units(key) for key in tenant.declaration if is_budget_key(key)}
+
+    def name(self, root: str) -> str:
+        return f"tenant {self.tenant(root).name} ({root})"
+
+    def read_by(self, root: str) -> list[Tenant | App]:
+        """What the pool's arithmetic reads: its tenant, the tenants carving out of it, the apps of
+        its members, and unplaced tenants declared in a member namespace (any of them could be a
+        bounded sub-tenant carving out of the pool) or nowhere known."""
+        unplaced = [
+            t
+            for t in self.unplaced
+            if not t.release_namespace or self.root(t.release_namespace) == root
+        ]
+        return [self.tenant(root), *self.carving(root).values(), *self.members(root), *unplaced]
+
+    def unsettled(self, namespace: str | None) -> list[Tenant]:
+        """Unplaced tenants that could own a namespace the walk from this one to its pool root
+        passes, where no placed tenant already owns it: any of them could be a bounded tenant
+        that makes the pool another one. Once every namespace on the way has its owner, unplaced
+        tenants elsewhere (a legacy release in `tenant-root`) change nothing here."""
+        could = []
+        while namespace is not None:
+            owner = owner_of(namespace)
+            if namespace not in self.tenants and owner is not None:
+                could += [t for t in self.unplaced if t.release_namespace in ("", owner[0])]
+            if namespace in self.bounded:
+                break
+            namespace = parent_namespace(namespace)
+        return could
+
+    def require_settled(self, namespace: str | None) -> None:
+        """FailedClosed naming the first unplaced tenant that could change this namespace's
+        pool."""
+        problems = sorted(t.unreadable or t.where for t in self.unsettled(namespace))
+        if problems:
+            raise FailedClosed(problems[0])
+
+    def require_readable(self, root: str) -> None:
+        """FailedClosed naming the first unreadable object this pool's arithmetic reads."""
+        problems = sorted(
+            obj.unreadable for obj in self.read_by(root) if obj.unreadable is not None
+        )
+        if problems:
+            raise FailedClosed(problems[0])
+
+
+def claimant(namespace: str, claimed: list[Tenant]) -> Tenant:
+    """The tenant owning a namespace; when several releases claim it, none can be trusted: a
+    tenant that cannot be read, naming them, which fails closed every verdict that needs it."""
+    if len(claimed) == 1:
+        return claimed[0]
+    first = min(claimed, key=lambda t: t.release_key)
+    return replace(first, unreadable=claim_conflict(namespace, claimed))
+
+
+def claim_conflict(namespace: str, claimed: list[Tenant]) -> str:
+    """What is wrong with a namespace that two or more releases claim."""
+    first, second = sorted(claimed, key=lambda t: t.release_key)[:2]
+    return f"{first.where} and {second.where} both claim tenant namespace {namespace}"
+
+
+def owners(tenants: Iterable[Tenant]) -> dict[str, Tenant]:
+    """The tenant owning each namespace some tenant claims (`claimant` where several do)."""
+    claims: dict[str, list[Tenant]] = {}
+    for tenant in tenants:
+        if tenant.owned_namespace is not None:
+            claims.setdefault(tenant.owned_namespace, []).append(tenant)
+    return {namespace: claimant(namespace, claimed) for namespace, claimed in claims.items()}
+
+
+def bounded_owners(owned: Mapping[str, Tenant]) -> dict[str, Tenant]:
+    return {namespace: tenant for namespace, tenant in owned.items() if tenant.bounded}
+
+
+def pool_root(bounded: Mapping[str, Tenant], namespace: str | None) -> str | None:
+    """Pool root: the first bounded tenant namespace walking up from the namespace."""
+    while namespace is not None:
+        if namespace in bounded:
+            return namespace
+        namespace = parent_namespace(namespace)
+    return None

@@ -1,0 +1,75 @@
+"""What an app reserves: declared sizes per budget key, not use."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.tenancy import KUBERNETES_NODES, App
+from hooks.rules.classes import ClassIdentity, age_key
+
+DEFAULT_MAX_REPLICAS = 10
+
+
+def class_for_resource(resource: str, classes: Iterable[ClassIdentity]) -> ClassIdentity | None:
+    """The class a `gpus[]` entry maps to: the oldest class with that resourceName, as in the
+    status (creationTimestamp, then name); classes being deleted do not count."""
+    candidates = [c for c in classes if c.resource_name == resource and not c.deleting]
+    return min(candidates, key=age_key, default=None)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What an app reserves per budget key (the total key included), and the devices of entries
+    that map to no class: their resource names, and how many devices they stand for (counted, not
+    repeated: maxReplicas is the tenant's to choose)."""
+
+    keys: Mapping[str, int] = field(default_factory=dict)
+    unmapped: frozenset[str] = frozenset()
+    unmapped_devices: int = 0
+
+    def get(self, key: str) -> int:
+        return self.keys.get(key, 0)
+
+
+def replicas(app: App) -> int:
+    """How many times an app's entries count: a worker pool max(maxReplicas, minReplicas), with
+    maxReplicas 10 when unset (the autoscaler never goes below minReplicas)."""
+    if app.kind != KUBERNETES_NODES:
+        return 1
+    most = DEFAULT_MAX_REPLICAS if app.max_replicas is None else app.max_replicas
+    return max(most, app.min_replicas or 0)
+
+
+def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservation:
+    """Declared sizes, not use: a VM reserves its entries per class (a halted VM too), a worker
+    pool its entries times its size (`replicas`)."""
+    if app is None:
+        return Reservation()
+    classes = tuple(classes)
+    per_class: Counter[str] = Counter()
+    unmapped = []
+    for resource in app.gpus:
+        owner = class_for_resource(resource, classes)
+        if owner is None:
+            unmapped.append(resource)
+        else:
+            per_class[class_key(owner.name)] += 1
+    times = replicas(app)
+    keys = {key: count * times for key, count in per_class.items()}
+    total = sum(keys.values())
+    if total:
+        keys[TOTAL_KEY] = total
+    return Reservation(keys, frozenset(unmapped), len(unmapped) * times)
+
+
+def cannot_grow(new: App, old: App | None) -> bool:
+    """An update that cannot grow any reservation, whatever the classes: its entries are among the
+    old ones and, for a worker pool, its size does not grow. Such a review needs no input."""
+    if not new.gpus:
+        return True
+    if old is None:
+        return False
+    return not Counter(new.gpus) - Counter(old.gpus) and replicas(new) <= replicas(old)
