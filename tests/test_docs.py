@@ -59,3 +59,45 @@ def test_every_hook_is_in_the_readme_routes_table() -> None:
     text = (ROOT / "README.md").read_text()
     for hook in HOOKS:
         assert f"`POST {hook.path}`" in text, hook.path
+
+
+def cited_documents(text: str) -> set[str]:
+    """The Markdown documents a source file names (`docs/x.md`, `x.md`), links excepted."""
+    return {m for m in re.findall(r"(?<![\w/.:-])[\w./-]+\.md\b", text) if "//" not in m}
+
+
+def test_every_document_the_code_and_tests_cite_is_in_the_repository() -> None:
+    """A reader of the project can follow every citation: no module, test or docstring names a
+    document the repository does not hold."""
+    held = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("**/*.md") if ".venv" not in p.parts}
+    names = {Path(p).name for p in held}
+    sources = [
+        p
+        for folder in ("hooks", "tests", "bench", "fuzz", "mutation")
+        for p in (ROOT / folder).rglob("*.py")
+        if p != Path(__file__)  # whose examples name documents on purpose
+    ]
+    missing = sorted(
+        f"{source.relative_to(ROOT)}: {cited}"
+        for source in sources
+        for cited in cited_documents(source.read_text())
+        if cited not in held and cited not in names
+    )
+    assert cited_documents("see budget-admission.md and docs/x.md") == {
+        "budget-admission.md",
+        "docs/x.md",
+    }
+    assert missing == []
+
+
+def test_every_budget_rule_a_test_cites_is_numbered_in_the_docs_and_each_has_its_test() -> None:
+    page = (ROOT / "docs" / "gpu-budgets.md").read_text()
+    numbered = {int(n) for n in re.findall(r"^(\d+)\. \*\*", page, flags=re.MULTILINE)}
+    tests = (ROOT / "tests" / "rules" / "test_budget.py").read_text()
+    cited = {
+        int(n)
+        for name in re.findall(r"^def test_rule_([\d_and]+?)_[a-z]", tests, flags=re.MULTILINE)
+        for n in name.split("_and_")
+    }
+    assert numbered == set(range(1, 8))
+    assert cited == numbered
