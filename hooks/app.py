@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from hooks import forked, http
@@ -36,6 +36,106 @@ def stale_after_seconds(settings: Settings) -> float:
     return 3 * settings.status_resync_seconds
 
 
+class _Calls:
+    """What every call passes through, in order: `start`, `check` (the head, then the memory
+    budget), the hook's view (`serve`), `record` (metrics and the log line), `finish`."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        inputs: HookInputs,
+        guard: Guard,
+        memory: MemoryBudget | None,
+        metrics: Metrics,
+        apart_from_bytes: int | None,
+    ) -> None:
+        self.settings, self.inputs, self.guard = settings, inputs, guard
+        self.memory, self.metrics, self.apart_from_bytes = memory, metrics, apart_from_bytes
+
+    def start(self) -> None:
+        http.begin_call()
+        self.metrics.calls_in_progress.inc()
+
+    def check(self) -> Response | None:
+        """Every check that needs no body (`hooks.guard`, which the edge ran already under
+        gunicorn), then the memory budget: an unauthenticated or undeclared call costs no read,
+        no reservation and no child."""
+        hook = self.guard.hooks.get(request.path)
+        if hook is None:
+            return None
+        refusal = self.guard.check(
+            hook,
+            authorization=request.headers.get("Authorization"),
+            secure=request.is_secure,
+            content_length=request.content_length,
+            chunked=bool(request.headers.get("Transfer-Encoding")),
+        )
+        if refusal is not None:
+            return http.error_response(refusal.message, refusal.code)
+        if self.memory is None:
+            return None
+        return http.reserve_memory(self.memory, request.content_length or 0, self.metrics)
+
+    def record(self, response: Response) -> Response:
+        call = http.current_call()
+        seconds = time.perf_counter() - call.started
+        route = http.route_template()
+        self.metrics.observe_call(route, response.status_code, seconds, call.body_bytes or 0)
+        http.log_call(response)
+        return response
+
+    def finish(self, error: BaseException | None) -> None:
+        # Runs on every path: answered, refused, failed, or the client gone mid-body.
+        call = http.end_call()
+        if call is not None:
+            http.release_memory(call)
+            self.metrics.calls_in_progress.dec()
+
+    def serve(self, hook: Hook) -> Callable[[], Response]:
+        def view() -> Response:
+            length = request.content_length or 0
+            body_seconds = self.settings.body_deadline_seconds(length)
+            if self._runs_apart(hook, length):
+                return http.answer(
+                    hook.path,
+                    lambda: self._computed_apart(hook, length, body_seconds),
+                    self.metrics,
+                )
+
+            def in_thread() -> Answer:
+                return hook.handle(self.inputs, http.read_body(length, body_seconds))
+
+            return http.answer(hook.path, in_thread, self.metrics)
+
+        return view
+
+    def _runs_apart(self, hook: Hook, length: int) -> bool:
+        limit = self.apart_from_bytes
+        return hook.forkable and limit is not None and limit <= length
+
+    def _computed_apart(self, hook: Hook, length: int, body_seconds: float) -> Answer:
+        """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
+        child's failure, or `not_read` when the body never arrived whole)."""
+        settings = self.settings
+        inputs = forked.Inputs(settings, self.inputs.clock())
+        chunks = http.body_chunks(length, body_seconds)
+        outcome = "not_read"
+        try:
+            result = forked.compute(
+                hook, inputs, self.inputs.kubevirt, chunks, length, settings.hook_timeout_seconds
+            )
+            outcome = "answered"
+            return result
+        except BadRequest:
+            outcome = "bad_request"
+            raise
+        except FailedElsewhere as failure:
+            outcome = failure.error_type
+            raise
+        finally:
+            self.metrics.apart_calls.labels(outcome=outcome).inc()
+
+
 def create_app(
     settings: Settings,
     *,
@@ -50,105 +150,31 @@ def create_app(
     """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
     computed in a process of their own (`hooks.forked`) where the system allows it; None computes
     every call in its thread."""
-    if not forked.supported():
-        apart_from_bytes = None
-    app = Flask("hooks")
     exported = metrics or Metrics(stale_after_seconds(settings))
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
-    service = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
+    inputs = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
     if guard is None:
         tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
         guard = Guard(settings, tokens)
     if memory is None:
         memory = memory_budget(settings)
     exported.watch_memory(memory)
+    calls = _Calls(
+        settings,
+        inputs,
+        guard,
+        memory,
+        exported,
+        apart_from_bytes if forked.supported() else None,
+    )
 
-    @app.before_request
-    def start() -> None:
-        g.started = time.perf_counter()
-        exported.calls_in_progress.inc()
-        g.counted = True
-
-    @app.before_request
-    def check() -> Response | None:
-        """Every check that needs no body (`hooks.guard`, which the edge ran already under
-        gunicorn), then the memory budget: an unauthenticated or undeclared call costs no read,
-        no reservation and no child."""
-        hook = guard.hooks.get(request.path)
-        if hook is None:
-            return None
-        refusal = guard.check(
-            hook,
-            authorization=request.headers.get("Authorization"),
-            secure=request.is_secure,
-            content_length=request.content_length,
-            chunked=bool(request.headers.get("Transfer-Encoding")),
-        )
-        if refusal is not None:
-            return http.error_response(refusal.message, refusal.code)
-        if memory is None:
-            return None
-        return http.reserve_memory(memory, request.content_length or 0, exported)
-
-    @app.after_request
-    def record(response: Response) -> Response:
-        started = g.get("started", time.perf_counter())
-        seconds = time.perf_counter() - started
-        route = http.route_template()
-        exported.observe_call(route, response.status_code, seconds, g.get("body_bytes", 0))
-        http.log_call(response)
-        return response
-
-    @app.teardown_request
-    def finish(error: BaseException | None) -> None:
-        # Runs on every path: answered, refused, failed, or the client gone mid-body.
-        http.release_memory()
-        if g.pop("counted", False):
-            exported.calls_in_progress.dec()
-
-    def runs_apart(hook: Hook, length: int) -> bool:
-        return hook.forkable and apart_from_bytes is not None and apart_from_bytes <= length
-
-    def computed_apart(hook: Hook, length: int, body_seconds: float) -> Answer:
-        """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
-        child's failure, or `not_read` when the body never arrived whole)."""
-        inputs = forked.Inputs(settings, clock())
-        chunks = http.body_chunks(length, body_seconds)
-        outcome = "not_read"
-        try:
-            result = forked.compute(
-                hook, inputs, reader.view, chunks, length, settings.hook_timeout_seconds
-            )
-            outcome = "answered"
-            return result
-        except BadRequest:
-            outcome = "bad_request"
-            raise
-        except FailedElsewhere as failure:
-            outcome = failure.error_type
-            raise
-        finally:
-            exported.apart_calls.labels(outcome=outcome).inc()
-
-    def serve(hook: Hook) -> Callable[[], Response]:
-        def view() -> Response:
-            length = request.content_length or 0
-            body_seconds = settings.body_deadline_seconds(length)
-            if runs_apart(hook, length):
-                return http.answer(
-                    hook.path, lambda: computed_apart(hook, length, body_seconds), exported
-                )
-
-            def in_thread() -> Answer:
-                return hook.handle(service, http.read_body(length, body_seconds))
-
-            return http.answer(hook.path, in_thread, exported)
-
-        return view
-
+    app = Flask("hooks")
+    app.before_request(calls.start)
+    app.before_request(calls.check)
+    app.after_request(calls.record)
+    app.teardown_request(calls.finish)
     for hook in HOOKS:
-        app.add_url_rule(hook.path, hook.path, serve(hook), methods=["POST"])
-
+        app.add_url_rule(hook.path, hook.path, calls.serve(hook), methods=["POST"])
     app.register_error_handler(HTTPException, http.http_error)
     app.register_error_handler(Exception, http.unexpected_error)
     return app

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -46,8 +47,43 @@ def json_response(payload: bytes, code: int = 200) -> Response:
     return Response(payload, status=code, mimetype=JSON)
 
 
+@dataclass
+class Call:
+    """What one call carries from its first check to its log line and metrics: the one record of
+    a request's state, kept in Flask's `g` by `begin_call`."""
+
+    started: float
+    body_bytes: int | None = None  # the declared body, once it was read whole
+    log_fields: dict[str, Any] = field(default_factory=dict)
+    memory: Admitted | None = None  # its share of the memory budget, until released
+
+
+def begin_call() -> Call:
+    g.call = Call(time.perf_counter())
+    return current_call()
+
+
+def current_call() -> Call:
+    call: Call = g.call
+    return call
+
+
+def end_call() -> Call | None:
+    """The call's record, once: every path ends here (answered, refused, failed, client gone)."""
+    call: Call | None = g.pop("call", None)
+    return call
+
+
+class ErrorResponse(Response):
+    """An error answer, which keeps what it says for the call's log line."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(msgspec.json.encode({"error": message}), status=code, mimetype=JSON)
+        self.message = message
+
+
 def error_response(message: str, code: int) -> Response:
-    response = json_response(msgspec.json.encode({"error": message}), code)
+    response = ErrorResponse(message, code)
     if code in (401, 403, 408, 411, 413, 429):
         # The body was not read (or not all of it): closing spares gunicorn from draining it for
         # keep-alive.
@@ -241,7 +277,7 @@ def body_chunks(length: int, deadline_seconds: float) -> Iterator[bytes | memory
             yield chunk
     finally:
         deadline.cancel()
-    g.body_bytes = length
+    current_call().body_bytes = length
 
 
 def read_body(length: int, deadline_seconds: float) -> bytes:
@@ -255,7 +291,7 @@ def read_body(length: int, deadline_seconds: float) -> bytes:
 def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Response:
     """Run the hook (which reads the body), map its errors to codes, record a sync's outcome, and
     note the facts of the call's log line."""
-    fields: dict[str, Any] = g.setdefault("log_fields", {})
+    fields = current_call().log_fields
     try:
         result = handle()
     except BadRequest as error:
@@ -283,22 +319,16 @@ def answer(route: str, handle: Callable[[], Answer], metrics: Metrics) -> Respon
 def log_call(response: Response) -> None:
     """One line per call, whatever answered it: a hook, a refusal before the body was read (401,
     403, 411, 413, 429), a stalled body (408) or an error; with the reason for a refusal."""
-    fields: dict[str, Any] = {"route": route_template(), **g.get("log_fields", {})}
+    call = current_call()
+    fields: dict[str, Any] = {"route": route_template(), **call.log_fields}
     if response.status_code >= 400 and "error" not in fields:
-        fields.update(outcome="refused", error=_error_of(response))
-    if "body_bytes" in g:
-        fields["body_bytes"] = g.body_bytes
-    duration = time.perf_counter() - g.get("started", time.perf_counter())
+        said = response.message if isinstance(response, ErrorResponse) else response.status
+        fields.update(outcome="refused", error=said)
+    if call.body_bytes is not None:
+        fields["body_bytes"] = call.body_bytes
+    duration = time.perf_counter() - call.started
     fields.update(code=response.status_code, duration_ms=round(1000 * duration, 1))
     log(logging.INFO, "hook call", **fields)
-
-
-def _error_of(response: Response) -> str:
-    try:
-        message = msgspec.json.decode(response.get_data(), type=dict[str, str])["error"]
-    except (msgspec.DecodeError, KeyError):
-        return response.status
-    return message
 
 
 def reserve_memory(memory: MemoryBudget, length: int, metrics: Metrics) -> Response | None:
@@ -310,7 +340,7 @@ def reserve_memory(memory: MemoryBudget, length: int, metrics: Metrics) -> Respo
     """
     reservation = memory.reserve(length)
     if isinstance(reservation, Admitted):
-        g.memory = reservation
+        current_call().memory = reservation
         if reservation.share:
             metrics.memory_wait.observe(reservation.waited)
         return None
@@ -345,7 +375,7 @@ def unexpected_error(error: Exception) -> Response:
     return error_response("internal error", 500)
 
 
-def release_memory() -> None:
-    reservation = g.pop("memory", None)
-    if reservation is not None:
-        reservation.release()
+def release_memory(call: Call) -> None:
+    if call.memory is not None:
+        call.memory.release()
+        call.memory = None

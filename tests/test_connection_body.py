@@ -17,7 +17,7 @@ from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 
-from hooks.http import CHUNK_BYTES, body_chunks, read_body
+from hooks.http import CHUNK_BYTES, begin_call, body_chunks, read_body
 
 # Larger than one piece, so that the buffer is filled again; and small enough that gunicorn's
 # read of the headers took all of it with the next request.
@@ -51,13 +51,16 @@ def gunicorn_request(sent: bytes) -> Iterator[tuple[Any, RequestParser, socket.s
         sender.join(timeout=5)
 
 
-def served(gunicorn_request: Any, connection: socket.socket, length: int) -> Any:
-    """A Flask request context as gunicorn's WSGI environment makes it."""
-    return Flask(__name__).test_request_context(
+@contextmanager
+def served(gunicorn_request: Any, connection: socket.socket, length: int) -> Iterator[None]:
+    """A Flask request context as gunicorn's WSGI environment makes it, its call begun."""
+    with Flask(__name__).test_request_context(
         method="POST",
         environ_overrides={"wsgi.input": gunicorn_request.body, "gunicorn.socket": connection},
         content_length=length,
-    )
+    ):
+        begin_call()
+        yield
 
 
 @pytest.mark.parametrize("size", SIZES)
