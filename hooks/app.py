@@ -7,7 +7,7 @@ served on ports of their own (`hooks.listeners`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 from flask import Flask, Response, request
@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException
 from hooks import forked, http
 from hooks.answer import Answer, FailedElsewhere
 from hooks.auth import TokenFile
+from hooks.body import body_chunks, read_body
 from hooks.controllers.budget import BudgetInputs
 from hooks.guard import Guard
 from hooks.kubeapi.budget import BudgetReader
@@ -34,6 +35,12 @@ def _utcnow() -> datetime:
 def stale_after_seconds(settings: Settings) -> float:
     """A class's metrics outlive three status resyncs without a sync of it, then go."""
     return 3 * settings.status_resync_seconds
+
+
+def _recorded(chunks: Iterator[bytes | memoryview], length: int) -> Iterator[bytes | memoryview]:
+    """The body's pieces, the call's record saying the body was read once the last is taken."""
+    yield from chunks
+    http.current_call().body_bytes = length
 
 
 class _Calls:
@@ -103,7 +110,9 @@ class _Calls:
                 )
 
             def in_thread() -> Answer:
-                return hook.handle(self.inputs, http.read_body(length, body_seconds))
+                body = read_body(length, body_seconds)
+                http.current_call().body_bytes = length
+                return hook.handle(self.inputs, body)
 
             return http.answer(hook.path, in_thread, self.metrics)
 
@@ -118,7 +127,7 @@ class _Calls:
         child's failure, or `not_read` when the body never arrived whole)."""
         settings = self.settings
         inputs = forked.Inputs(settings, self.inputs.clock())
-        chunks = http.body_chunks(length, body_seconds)
+        chunks = _recorded(body_chunks(length, body_seconds), length)
         outcome = "not_read"
         try:
             result = forked.compute(

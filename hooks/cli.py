@@ -157,7 +157,7 @@ def plan(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from hooks import plan as planner
+    from hooks import offline
     from hooks.rules.selectors import RuleError
     from hooks.wire.problems import BadRequest
 
@@ -169,18 +169,18 @@ def plan(args: argparse.Namespace) -> int:
         license_namespaces=args.license_namespaces,
     )
     try:
-        inventory = planner.load([Path(f) for f in args.files], settings)
-        plans = planner.plan_cluster(inventory, settings, datetime.now(UTC))
-    except (planner.PlanInputError, RuleError, BadRequest) as error:
+        inventory = offline.load([Path(f) for f in args.files], settings)
+        plans = offline.run_offline(inventory, settings, datetime.now(UTC))
+    except (offline.PlanInputError, RuleError, BadRequest) as error:
         print(f"plan: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.explain and args.explain not in {p.name for p in plans}:
         print(f"plan: no class named {args.explain} in the input", file=sys.stderr)
         return EXIT_USAGE
     if args.output == "table":
-        sys.stdout.write(planner.render_text(plans, inventory, args.explain))
+        sys.stdout.write(offline.render_text(plans, inventory, args.explain))
         return 0
-    doc = planner.document(plans, inventory, args.explain)
+    doc = offline.document(plans, inventory, args.explain)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     else:

@@ -1,4 +1,4 @@
-"""The one thread that cuts off bodies past their deadline (`hooks.http.Alarms`)."""
+"""The one thread that cuts off bodies past their deadline (`hooks.body.Alarms`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hooks.app import create_app
-from hooks.http import Alarms
+from hooks.body import Alarms
 from hooks.settings import Settings
 from tests.test_http import EXAMPLES
 

@@ -1,4 +1,4 @@
-"""Bodies read straight from gunicorn's connection (`hooks.http.body_chunks` under gunicorn), with
+"""Bodies read straight from gunicorn's connection (`hooks.body.body_chunks` under gunicorn), with
 gunicorn's own parser on a socket pair: what it read ahead and what comes after the body must be
 left as gunicorn expects them, or the next request on a kept-alive connection is lost."""
 
@@ -17,7 +17,8 @@ from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 
-from hooks.http import CHUNK_BYTES, begin_call, body_chunks, read_body
+from hooks.body import CHUNK_BYTES, body_chunks, read_body
+from hooks.http import begin_call
 
 # Larger than one piece, so that the buffer is filled again; and small enough that gunicorn's
 # read of the headers took all of it with the next request.

@@ -27,7 +27,7 @@ from werkzeug.exceptions import ClientDisconnected
 from hooks import forked
 from hooks.answer import Answer, FailedElsewhere
 from hooks.app import create_app
-from hooks.http import CHUNK_BYTES
+from hooks.body import CHUNK_BYTES
 from hooks.memory import LARGE_BODY_BYTES, MemoryBudget
 from hooks.metrics import Metrics
 from hooks.routes import HOOKS, Hook, HookInputs

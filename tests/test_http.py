@@ -15,6 +15,7 @@ from flask.testing import FlaskClient
 
 from hooks import http
 from hooks.app import create_app
+from hooks.body import CUT_AFTER_SECONDS
 from hooks.settings import Settings
 from tests.builders import gpuclass, node, pod, status_sync_request
 
@@ -233,8 +234,8 @@ class Watched:
 def test_a_body_that_arrives_late_but_within_its_deadline_is_served(settings: Settings) -> None:
     """The connection is cut only a moment after the deadline, never before it."""
     body = (EXAMPLES / "status-sync.json").read_bytes()
-    patient = settings.model_copy(update={"body_timeout_seconds": http.CUT_AFTER_SECONDS + 0.5})
-    wait = patient.body_deadline_seconds(len(body)) - 0.5 * http.CUT_AFTER_SECONDS
+    patient = settings.model_copy(update={"body_timeout_seconds": CUT_AFTER_SECONDS + 0.5})
+    wait = patient.body_deadline_seconds(len(body)) - 0.5 * CUT_AFTER_SECONDS
     environ = {"wsgi.input": Late(body, wait), "CONTENT_LENGTH": str(len(body))}
     response = create_app(patient).test_client().post("/status/sync", environ_overrides=environ)
     assert response.status_code == 200, response.json
@@ -284,7 +285,7 @@ def test_a_body_past_its_deadline_is_a_408_naming_the_settings(
     fast = settings.model_copy(update={"body_timeout_seconds": 0.2})
     client = create_app(fast).test_client()
     environ: dict[str, Any] = {
-        "wsgi.input": Trickle(0.2 + http.CUT_AFTER_SECONDS + 0.3),
+        "wsgi.input": Trickle(0.2 + CUT_AFTER_SECONDS + 0.3),
         "CONTENT_LENGTH": "100",
     }
     ours, theirs = socket.socketpair()

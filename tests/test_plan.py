@@ -19,8 +19,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from hooks import cli
-from hooks import plan as planner
+from hooks import cli, offline
 from hooks.app import create_app
 from hooks.rules.selectors import RuleError
 from hooks.settings import Settings
@@ -73,8 +72,8 @@ def test_plan_runs_as_a_command_of_its_own() -> None:
     assert "l40s-24q" in result.stdout
 
 
-def inventory() -> planner.Inventory:
-    return planner.load([CLUSTER], Settings())
+def inventory() -> offline.Inventory:
+    return offline.load([CLUSTER], Settings())
 
 
 def names(group: dict[str, Any]) -> list[str]:
@@ -91,7 +90,7 @@ def test_names_with_namespace_select_that_object_only() -> None:
         namespace="cozy-gpu-operator",
         names=["nvidia-license"],
     )
-    assert names(planner.select_related([rule], inventory())["Secret.v1"]) == [
+    assert names(offline.select_related([rule], inventory())["Secret.v1"]) == [
         "cozy-gpu-operator/nvidia-license"
     ]
 
@@ -100,7 +99,7 @@ def test_names_without_namespace_select_the_name_in_every_namespace() -> None:
     rule = RelatedRule(
         api_version="v1", resource="secrets", names=["gpuclass-l40s-24q-license", "nvidia-license"]
     )
-    assert names(planner.select_related([rule], inventory())["Secret.v1"]) == [
+    assert names(offline.select_related([rule], inventory())["Secret.v1"]) == [
         "cozy-gpu-operator/nvidia-license",
         "tenant-b/gpuclass-l40s-24q-license",
     ]
@@ -113,7 +112,7 @@ def test_label_selector_with_set_based_expressions() -> None:
         ]
     )
     rule = RelatedRule(api_version="v1", resource="namespaces", label_selector=selector)
-    assert names(planner.select_related([rule], inventory())["Namespace.v1"]) == [
+    assert names(offline.select_related([rule], inventory())["Namespace.v1"]) == [
         "tenant-a",
         "tenant-b",
         "tenant-c",
@@ -125,7 +124,7 @@ def test_label_selector_with_set_based_expressions() -> None:
             match_expressions=[Requirement(key="namespace.cozystack.io/vgpu", operator="Exists")]
         ),
     )
-    assert "tenant-d" in planner.select_related([exists], inventory())["Namespace.v1"]
+    assert "tenant-d" in offline.select_related([exists], inventory())["Namespace.v1"]
 
 
 def test_namespace_selector_selects_by_the_namespace_labels() -> None:
@@ -134,7 +133,7 @@ def test_namespace_selector_selects_by_the_namespace_labels() -> None:
         resource="pods",
         namespace_selector=LabelSelector(match_labels={"namespace.cozystack.io/vgpu": "true"}),
     )
-    assert names(planner.select_related([rule], inventory())["Pod.v1"]) == [
+    assert names(offline.select_related([rule], inventory())["Pod.v1"]) == [
         "tenant-a/virt-launcher-vm-render-x7k2p",
         "tenant-a/web-5d9f7c",
         "tenant-b/virt-launcher-vm-old-m2v8d",
@@ -145,13 +144,13 @@ def test_namespace_selector_selects_by_the_namespace_labels() -> None:
 def test_no_selector_and_empty_names_select_everything() -> None:
     everything = RelatedRule(api_version="v1", resource="nodes")
     empty_names = RelatedRule(api_version="v1", resource="nodes", names=[])
-    assert len(planner.select_related([everything], inventory())["Node.v1"]) == 5
-    assert len(planner.select_related([empty_names], inventory())["Node.v1"]) == 5
+    assert len(offline.select_related([everything], inventory())["Node.v1"]) == 5
+    assert len(offline.select_related([empty_names], inventory())["Node.v1"]) == 5
 
 
 def test_a_group_is_sent_for_every_rule_even_when_nothing_matches() -> None:
     rule = RelatedRule(api_version="v1", resource="secrets", names=["absent"])
-    assert planner.select_related([rule], inventory()) == {"Secret.v1": {}}
+    assert offline.select_related([rule], inventory()) == {"Secret.v1": {}}
 
 
 @pytest.mark.parametrize(
@@ -184,7 +183,7 @@ def test_rules_metacontroller_refuses_are_refused_with_a_clear_message(
     rule: RelatedRule, message: str
 ) -> None:
     with pytest.raises(RuleError, match=message):
-        planner.select_related([rule], inventory())
+        offline.select_related([rule], inventory())
 
 
 # --- the example cluster ----------------------------------------------------------------------------
@@ -263,7 +262,7 @@ def test_json_and_yaml_carry_the_same_content_and_never_the_token() -> None:
                 condition.pop("lastTransitionTime")
     assert as_json == as_yaml
     [copy] = next(c for c in as_json["classes"] if c["name"] == "l40s-24q")["attachments"]
-    assert copy["data"]["client_configuration_token.tok"] == planner.REDACTED
+    assert copy["data"]["client_configuration_token.tok"] == offline.REDACTED
     for output in ("table", "json", "yaml"):
         text = run_plan(str(CLUSTER), "-o", output, "--explain", "l40s-24q").stdout
         assert TOKEN.strip().decode() not in text
@@ -375,18 +374,18 @@ def test_a_malformed_item_of_a_list_is_named_with_its_file(tmp_path: Path) -> No
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
         {**bad_pod, "spec": []}
     ]}))  # fmt: skip
-    with pytest.raises(planner.PlanInputError, match=f"^{path}: Pod t/p: spec"):
-        planner.load([path], Settings())
+    with pytest.raises(offline.PlanInputError, match=f"^{path}: Pod t/p: spec"):
+        offline.load([path], Settings())
 
 
 def node_object(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
 
 
-def loaded(tmp_path: Path, *objects: dict[str, Any]) -> planner.Inventory:
+def loaded(tmp_path: Path, *objects: dict[str, Any]) -> offline.Inventory:
     path = tmp_path / "objects.yaml"
     path.write_text(yaml.safe_dump_all(objects))
-    return planner.load([path], Settings())
+    return offline.load([path], Settings())
 
 
 def test_objects_of_other_kinds_are_counted_and_what_follows_them_is_read(
@@ -486,8 +485,8 @@ def hand_built_requests(
 
 def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path) -> None:
     settings = Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
-    inv = planner.load([CLUSTER], settings)
-    doc = planner.document(planner.plan_cluster(inv, settings, NOW), inv, None)
+    inv = offline.load([CLUSTER], settings)
+    doc = offline.document(offline.run_offline(inv, settings, NOW), inv, None)
     # Worked out by hand from examples/cluster.yaml: h100 has gpu-h100-1's 4 less 2 requested
     # (gpu-h100-2's taint is not tolerated); h100-legacy is the younger class on that resource;
     # l40s-24q has gpu-l40s-1's 2 less 1 requested (gpu-l40s-2 is cordoned); only tenant-a gets a
@@ -526,7 +525,7 @@ def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path)
                 client.post("/status/sync", json=status_request).json["status"] == entry["status"]
             )
             attachments = client.post("/license/sync", json=license_request).json["attachments"]
-            assert [planner.redacted(a) for a in attachments] == entry["attachments"]
+            assert [offline.redacted(a) for a in attachments] == entry["attachments"]
 
 
 def test_docs_show_the_current_output() -> None:
@@ -570,7 +569,7 @@ def test_plan_json_equals_the_live_servers_answers(tmp_path: Path) -> None:
                 attachments = requests.post(
                     f"{server.url}/license/sync", json=license_request, timeout=10
                 ).json()["attachments"]
-                assert [planner.redacted(a) for a in attachments] == entry["attachments"]
+                assert [offline.redacted(a) for a in attachments] == entry["attachments"]
 
 
 EDGES_TABLE = """\
@@ -667,7 +666,7 @@ def test_the_license_summary_names_every_namespace_skipped_and_why(tmp_path: Pat
     ]
     [copy] = entry["attachments"]
     assert copy["data"] == {
-        builders.TOKEN_KEY: planner.REDACTED,
+        builders.TOKEN_KEY: offline.REDACTED,
         "gridd.conf": builders.b64(b"FeatureType=1\n"),
     }
 
@@ -712,9 +711,9 @@ def test_a_namespace_selector_selects_nothing_in_namespaces_the_input_lacks(tmp_
         tmp_path, builders.namespace("tenant-a"), builders.pod("in-a"), builders.pod("elsewhere")
     )
     with_namespace.objects[("v1", "pods")][1]["metadata"]["namespace"] = "tenant-x"
-    assert names(planner.select_related([rule], with_namespace)["Pod.v1"]) == ["tenant-a/in-a"]
+    assert names(offline.select_related([rule], with_namespace)["Pod.v1"]) == ["tenant-a/in-a"]
     without = loaded(tmp_path, builders.pod("in-a"))
-    assert planner.select_related([rule], without)["Pod.v1"] == {}
+    assert offline.select_related([rule], without)["Pod.v1"] == {}
 
 
 def test_the_text_lists_every_namespace_a_copy_goes_to(tmp_path: Path) -> None:

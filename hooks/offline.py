@@ -189,7 +189,7 @@ def _bytes(obj: Any) -> bytes:
 
 
 @dataclass(frozen=True)
-class ClassPlan:
+class OfflineClass:
     name: str
     status: StatusOutcome
     license: LicenseOutcome
@@ -207,7 +207,7 @@ def kubevirt_view(inventory: Inventory, settings: Settings) -> KubeVirtView:
     return KubeVirtFound(msgspec.convert(inventory.kubevirt, KubeVirt), location)
 
 
-def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> list[ClassPlan]:
+def run_offline(inventory: Inventory, settings: Settings, now: datetime) -> list[OfflineClass]:
     """Each class through both hooks, as Metacontroller would call them."""
     view = kubevirt_view(inventory, settings)
     secrets = inventory.objects.get(("v1", "secrets"), [])
@@ -234,7 +234,7 @@ def plan_cluster(inventory: Inventory, settings: Settings, now: datetime) -> lis
             {"object": gpuclass, "attachments": {SECRETS: attached}, "related": license_related}
         )
         license_outcome = license.sync(decode_decorator_sync(license_body), settings)
-        plans.append(ClassPlan(gpuclass["metadata"]["name"], status_outcome, license_outcome))
+        plans.append(OfflineClass(gpuclass["metadata"]["name"], status_outcome, license_outcome))
     return plans
 
 
@@ -247,7 +247,7 @@ def redacted(attachment: dict[str, Any]) -> dict[str, Any]:
     return {**attachment, "data": data}
 
 
-def status_of(plan: ClassPlan) -> dict[str, Any]:
+def status_of(plan: OfflineClass) -> dict[str, Any]:
     built: dict[str, Any] = msgspec.to_builtins(plan.status.response.status)
     return built
 
@@ -267,7 +267,7 @@ def _ready(status_doc: dict[str, Any]) -> str:
     return ready[0]["status"] if ready else "-"
 
 
-def license_summary(plan: ClassPlan) -> dict[str, Any] | None:
+def license_summary(plan: OfflineClass) -> dict[str, Any] | None:
     license_plan = plan.license_plan
     if license_plan is None:
         return None
@@ -298,7 +298,7 @@ def license_summary(plan: ClassPlan) -> dict[str, Any] | None:
     }
 
 
-def explain(plan: ClassPlan) -> list[dict[str, Any]]:
+def explain(plan: OfflineClass) -> list[dict[str, Any]]:
     capacity: Capacity | None = plan.status.computation.capacity
     if capacity is None:
         return []
@@ -317,7 +317,7 @@ def explain(plan: ClassPlan) -> list[dict[str, Any]]:
 
 
 def document(
-    plans: list[ClassPlan], inventory: Inventory, explain_class: str | None
+    plans: list[OfflineClass], inventory: Inventory, explain_class: str | None
 ) -> dict[str, Any]:
     """The machine-readable plan: the exact status and (redacted) attachments of each class."""
     classes = []
@@ -349,7 +349,7 @@ def _table(rows: list[list[str]]) -> str:
     )
 
 
-def render_text(plans: list[ClassPlan], inventory: Inventory, explain_class: str | None) -> str:
+def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: str | None) -> str:
     doc = document(plans, inventory, explain_class)
     rows = [["CLASS", "RESOURCE", "FREE", "MAX/NODE", "READY", "NOT FINE"]]
     for entry in doc["classes"]:
