@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 from hooks import forked, http
 from hooks.answer import Answer, FailedElsewhere
 from hooks.auth import TokenFile
-from hooks.body import body_chunks, read_body
+from hooks.body import body_chunks, joined
 from hooks.controllers.budget import BudgetInputs
 from hooks.guard import Guard
 from hooks.kubeapi.budget import BudgetReader
@@ -37,9 +37,12 @@ def stale_after_seconds(settings: Settings) -> float:
     return 3 * settings.status_resync_seconds
 
 
-def _recorded(chunks: Iterator[bytes | memoryview], length: int) -> Iterator[bytes | memoryview]:
-    """The body's pieces, the call's record saying the body was read once the last is taken."""
-    yield from chunks
+def _read(length: int, deadline_seconds: float) -> Iterator[bytes | memoryview]:
+    """The declared body's pieces (`hooks.body`), noted in the call's record once read whole; an
+    empty body is not read at all."""
+    if not length:
+        return
+    yield from body_chunks(length, deadline_seconds)
     http.current_call().body_bytes = length
 
 
@@ -110,9 +113,7 @@ class _Calls:
                 )
 
             def in_thread() -> Answer:
-                body = read_body(length, body_seconds)
-                http.current_call().body_bytes = length
-                return hook.handle(self.inputs, body)
+                return hook.handle(self.inputs, joined(_read(length, body_seconds)))
 
             return http.answer(hook.path, in_thread, self.metrics)
 
@@ -127,7 +128,7 @@ class _Calls:
         child's failure, or `not_read` when the body never arrived whole)."""
         settings = self.settings
         inputs = forked.Inputs(settings, self.inputs.clock())
-        chunks = _recorded(body_chunks(length, body_seconds), length)
+        chunks = _read(length, body_seconds)
         outcome = "not_read"
         try:
             result = forked.compute(

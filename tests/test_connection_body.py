@@ -17,7 +17,7 @@ from gunicorn.config import Config
 from gunicorn.http.parser import RequestParser
 from werkzeug.exceptions import ClientDisconnected, RequestTimeout
 
-from hooks.body import CHUNK_BYTES, body_chunks, read_body
+from hooks.body import CHUNK_BYTES, body_chunks, joined
 from hooks.http import begin_call
 
 # Larger than one piece, so that the buffer is filled again; and small enough that gunicorn's
@@ -72,7 +72,7 @@ def test_a_body_read_from_the_connection_is_the_body_and_leaves_the_next_request
     sent = request_bytes("/first", first) + request_bytes("/second", second)
     with gunicorn_request(sent) as (request, parser, _):
         with served(request, parser.unreader.sock, size):
-            assert read_body(size, 5) == first
+            assert joined(body_chunks(size, 5)) == first
         following = next(parser)  # gunicorn drains what it believes is left of the first body
         assert following.path == "/second"
         assert following.body.read() == second
@@ -94,7 +94,7 @@ def test_a_body_gunicorn_began_to_read_is_read_through_gunicorn() -> None:
     with gunicorn_request(request_bytes("/begun", body)) as (request, parser, _):
         begun = request.body.read(10)
         with served(request, parser.unreader.sock, 1000):
-            assert begun + read_body(990, 5) == body
+            assert begun + joined(body_chunks(990, 5)) == body
 
 
 class OlderUnreader:
@@ -127,7 +127,7 @@ def test_a_gunicorn_without_what_the_connection_needs_is_read_through_its_stream
 
         request.body.read = read
         with served(request, parser.unreader.sock, 1000):
-            assert read_body(1000, 5) == body
+            assert joined(body_chunks(1000, 5)) == body
     assert through_stream
 
 
@@ -137,7 +137,7 @@ def test_a_client_gone_mid_body_leaves_gunicorn_nothing_to_parse() -> None:
     with gunicorn_request(sent) as (request, parser, client):
         client.close()
         with served(request, parser.unreader.sock, size), pytest.raises(ClientDisconnected):
-            read_body(size, 5)
+            joined(body_chunks(size, 5))
         with pytest.raises(StopIteration):
             next(parser)
 
@@ -147,6 +147,6 @@ def test_a_body_stalled_past_its_deadline_times_out_and_ends_the_connection() ->
     sent = request_bytes("/stalled", os.urandom(size))[: -size // 2]
     with gunicorn_request(sent) as (request, parser, _):
         with served(request, parser.unreader.sock, size), pytest.raises(RequestTimeout):
-            read_body(size, 0.2)
+            joined(body_chunks(size, 0.2))
         with pytest.raises(StopIteration):
             next(parser)

@@ -168,11 +168,8 @@ def no_unmapped_devices_under_a_new_bound(review: DeclarationReview) -> Verdict 
         return None
     own, pools = review.own, review.pools
     pools.require_readable(own)
-    holders = {
-        app: reservation(app, review.classes).unmapped
-        for app in pools.members(own)
-        if reservation(app, review.classes).unmapped
-    }
+    unmapped = {app: reservation(app, review.classes).unmapped for app in pools.members(own)}
+    holders = {app: resources for app, resources in unmapped.items() if resources}
     if not holders:
         return None
     names = ", ".join(sorted(set().union(*holders.values())))
