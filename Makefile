@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
-	image image-base image-test bugs
+	image image-base image-test bugs e2e
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -39,8 +39,8 @@ tools:
 	bash testenv/build.sh
 
 lint: $(BIN)/gpuclass-hooks
-	$(BIN)/ruff check hooks tests bench fuzz mutation
-	$(BIN)/ruff format --check hooks tests bench fuzz mutation
+	$(BIN)/ruff check hooks tests bench fuzz mutation testenv
+	$(BIN)/ruff format --check hooks tests bench fuzz mutation testenv
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
@@ -114,3 +114,14 @@ image: $(BIN)/gpuclass-hooks
 image-test: image tools
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest tests/image \
 		--image $(IMAGE) --image-base $(PYTHON_IMAGE)
+
+# The install as a cluster runs it: a one-node cluster (kubelet, containerd, CoreDNS) booted in a
+# network namespace of its own with no route out, Metacontroller and cert-manager in it, and
+# docs/install.md followed step by step (docs/development.md: what it needs, what it costs).
+# Needs root and Debian's containerd, runc, containernetworking-plugins and iptables.
+E2E_DIR ?= $(or $(TMPDIR),/tmp)/gpuclass-hooks-e2e
+e2e: image
+	bash testenv/build.sh cluster >/dev/null
+	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/python testenv/cluster.py run \
+		--dir $(E2E_DIR) --tools $(TESTENV) -- \
+		$(abspath $(BIN))/pytest tests/e2e -p no:cacheprovider --e2e-image $(IMAGE)

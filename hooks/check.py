@@ -9,9 +9,11 @@ library only: the image carries nothing else for it.
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import ssl
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,6 +38,9 @@ class Target:
     client_cert: Path | None = None
     client_key: Path | None = None
     timeout_seconds: float = 10
+    # A Service routes to a pod a moment after the pod is Ready (kube-proxy's next sync): until
+    # then a connection is refused or unreachable. Those are retried this long; nothing else is.
+    reach_seconds: float = 0
 
 
 def _call(target: Target, token: str | None) -> tuple[int, bytes]:
@@ -65,13 +70,28 @@ def _call(target: Target, token: str | None) -> tuple[int, bytes]:
         connection.close()
 
 
+NOT_YET_ROUTED = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+def _first_call(target: Target, token: str | None) -> tuple[int, bytes]:
+    """The first call, again while the service is not yet reachable, for reach_seconds."""
+    deadline = time.monotonic() + target.reach_seconds
+    while True:
+        try:
+            return _call(target, token)
+        except OSError as error:
+            if error.errno not in NOT_YET_ROUTED or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def check(target: Target) -> list[str]:
     """What went wrong, one line each; empty when the service answered as it must. Lines name
     the status, never the token."""
     token = target.token_file.read_text().strip() if target.token_file else None
     problems = []
     try:
-        status, body = _call(target, token)
+        status, body = _first_call(target, token)
         if status != 200:
             problems.append(f"{CUSTOMIZE_PATH} with the token: HTTP {status}, expected 200")
         elif "relatedResources" not in json.loads(body):

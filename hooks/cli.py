@@ -203,6 +203,7 @@ def check(args: argparse.Namespace) -> int:
         path(args.token_file),
         path(args.client_cert),
         path(args.client_key),
+        reach_seconds=args.reach_seconds,
     )
     problems = check_service(target)
     for problem in problems:
@@ -288,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--token-file", help="the bearer token; then a call without it must get 401")
     probe.add_argument("--client-cert", help="client certificate, when the hooks require one")
     probe.add_argument("--client-key", help="its key (omit it when the certificate file holds it)")
+    probe.add_argument(
+        "--reach-seconds",
+        type=float,
+        default=15,
+        help="retry a refused or unreachable first connection this long (a Service routes to a "
+        "pod a moment after it is Ready)",
+    )
     probe.set_defaults(handler=check)
     return parser
 

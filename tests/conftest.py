@@ -20,6 +20,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the image tests/image checks (`make image-test` builds it and passes its tag)",
     )
     parser.addoption("--image-base", help="the PYTHON_IMAGE the image was built on")
+    parser.addoption(
+        "--e2e-image", default="gpuclass-hooks:dev", help="the image `make e2e` built (docker)"
+    )
 
 
 def measured_durations() -> dict[str, float]:
@@ -74,12 +77,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for the control plane needs the tools, however it is declared; tests/image
-    runs only when given an image (`make image-test`), never in `make test`. Under mutation
-    testing, the tests run fastest first, each with its time limit."""
-    if config.getoption("--image") is None:
-        image_tests = Path(__file__).parent / "image"
-        left_out = [item for item in items if image_tests in item.path.parents]
-        if left_out:
+    runs only when given an image (`make image-test`), tests/e2e only inside the cluster
+    testenv/cluster.py boots (`make e2e`, which sets GPUCLASS_E2E_DIR), neither in `make test`.
+    Under mutation testing, the tests run fastest first, each with its time limit."""
+    here = Path(__file__).parent
+    for folder, runs in (
+        ("image", config.getoption("--image") is not None),
+        ("e2e", bool(os.environ.get("GPUCLASS_E2E_DIR"))),
+    ):
+        left_out = [item for item in items if here / folder in item.path.parents]
+        if left_out and not runs:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if item not in left_out]
     for item in items:

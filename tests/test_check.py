@@ -10,6 +10,7 @@ import socket
 import socketserver
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from email.message import Message
@@ -217,3 +218,39 @@ def test_check_refuses_a_url_it_cannot_call_in_one_line(url: str) -> None:
     assert check(Target(url)) == [
         f"{CUSTOMIZE_PATH}: ValueError: {url} is not an http:// or https:// URL with a host"
     ]
+
+
+def test_check_waits_reach_seconds_for_a_service_not_yet_routed(tmp_path: Path) -> None:
+    """helm test runs right after `helm install --wait`: the Service may route to the pods a
+    moment later. A refused first connection is retried for reach_seconds, then answered."""
+    from tests.live import free_port
+
+    port = free_port()
+    started = time.monotonic()
+    problems = check(Target(f"http://127.0.0.1:{port}", reach_seconds=1.0))
+    assert len(problems) == 1 and "ConnectionRefusedError" in problems[0]
+    assert time.monotonic() - started >= 1.0
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def serve_late() -> None:
+        time.sleep(1.0)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        body = b'{"relatedResources": []}'
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
+        connection.close()
+
+    server = threading.Thread(target=serve_late)
+    server.start()
+    try:
+        assert check(Target(f"http://127.0.0.1:{port}", reach_seconds=10)) == []
+    finally:
+        server.join(timeout=10)
+        listener.close()

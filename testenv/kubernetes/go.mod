@@ -1,4 +1,4 @@
-module github.com/cozystack/gpuclass-hooks/testenv/kube-apiserver
+module github.com/cozystack/gpuclass-hooks/testenv/kubernetes
 
 go 1.26.0
 

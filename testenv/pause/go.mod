@@ -1,0 +1,3 @@
+module github.com/cozystack/gpuclass-hooks/testenv/pause
+
+go 1.26.0
