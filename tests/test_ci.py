@@ -85,16 +85,20 @@ def test_make_test_leaves_the_image_tests_out() -> None:
     assert "test_image" not in collected.stdout
 
 
-def test_the_e2e_floor_is_the_number_of_cluster_tests() -> None:
-    """`make e2e` runs in CI after the image tests, with a floor of its own."""
-    collected = subprocess.run(
+def collect_e2e(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/e2e"],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=120,
-        env={**os.environ, "GPUCLASS_E2E_DIR": "/nonexistent"},
+        env=environment,
     )
+
+
+def test_the_e2e_floor_is_the_number_of_cluster_tests() -> None:
+    """`make e2e` runs in CI after the image tests, with a floor of its own."""
+    collected = collect_e2e({**os.environ, "GPUCLASS_E2E_DIR": "/nonexistent"})
     assert collected.returncode == 0, collected.stdout
     count = sum(1 for line in collected.stdout.splitlines() if "::" in line)
     assert int((ROOT / ".ci" / "min-e2e-tests").read_text()) == count
@@ -104,13 +108,6 @@ def test_the_e2e_floor_is_the_number_of_cluster_tests() -> None:
 
 def test_make_test_leaves_the_cluster_tests_out() -> None:
     environment = {key: value for key, value in os.environ.items() if key != "GPUCLASS_E2E_DIR"}
-    collected = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/e2e"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env=environment,
-    )
+    collected = collect_e2e(environment)
     assert "tests/e2e" not in collected.stdout
     assert "deselected" in collected.stdout

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
+from hooks.rules.budget.keys import TOTAL_KEY
+from tests.apiserver import kubevirt_cr
+from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY, helmrelease
 from tests.e2e.conftest import CHART, MANIFESTS, NAMESPACE, RELEASE, Cluster, wait_for
 
 INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
@@ -23,14 +26,8 @@ IMAGE_FLAGS = (
     "--set image.repository=docker.io/library/gpuclass-hooks --set image.tag=dev "
     "--set image.pullPolicy=Never --wait --timeout=180s"
 )
-SOURCE_NAMESPACE, SOURCE_NAME, TOKEN_KEY = (
-    "cozy-gpu-operator",
-    "nvidia-license",
-    "client_configuration_token.tok",
-)
 GPU = "nvidia.com/L40S"
 LICENSE_RESYNC_SECONDS = 300  # the chart's controllers.licenseResyncPeriodSeconds
-TOTAL_KEY = "gpuclass.cozystack.io/devices"
 
 
 def doc_block(after: str) -> str:
@@ -186,20 +183,7 @@ def cozystack(cluster: Cluster) -> None:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
     )
     wait_for("the KubeVirt kind", lambda: cluster.get("kubevirts", "-A") is not None)
-    cluster.apply(
-        {
-            "apiVersion": "kubevirt.io/v1",
-            "kind": "KubeVirt",
-            "metadata": {"name": "kubevirt", "namespace": "cozy-kubevirt"},
-            "spec": {
-                "configuration": {
-                    "permittedHostDevices": {
-                        "pciHostDevices": [{"pciVendorSelector": "10DE:26B9", "resourceName": GPU}]
-                    }
-                }
-            },
-        }
-    )
+    cluster.apply(kubevirt_cr(GPU))
 
 
 # --- the install (steps 3 and 4) ----------------------------------------------------------------
@@ -235,11 +219,11 @@ def test_install_with_cert_manager_then_helm_test_passes(
 
 def licensed_setup(cluster: Cluster) -> None:
     cluster.apply(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SOURCE_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SOURCE_NS}},
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": SOURCE_NAME, "namespace": SOURCE_NAMESPACE},
+            "metadata": {"name": SOURCE_NAME, "namespace": SOURCE_NS},
             "stringData": {TOKEN_KEY: "e2e-license-token"},
         },
         {
@@ -289,23 +273,6 @@ def test_license_copies_converge_in_entitled_namespaces_only(cluster: Cluster) -
     assert {c["type"] for c in status} >= {"Ready"}
 
 
-def helmrelease(kind: str, namespace: str, name: str, values: dict[str, Any]) -> dict[str, Any]:
-    prefix = {"Tenant": "tenant", "VMInstance": "vm-instance"}[kind]
-    return {
-        "apiVersion": "helm.toolkit.fluxcd.io/v2",
-        "kind": "HelmRelease",
-        "metadata": {
-            "name": f"{prefix}-{name}",
-            "namespace": namespace,
-            "labels": {
-                "apps.cozystack.io/application.kind": kind,
-                "apps.cozystack.io/application.name": name,
-            },
-        },
-        "spec": {"chart": {"spec": {"chart": prefix}}, "values": values},
-    }
-
-
 def vm(namespace: str, name: str) -> dict[str, Any]:
     return {
         "apiVersion": "apps.cozystack.io/v1alpha1",
@@ -315,9 +282,9 @@ def vm(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
-def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
-    """Step 5: admission on; the API server calls the webhook through its Service, with the CA
-    cert-manager's injector put in."""
+def upgrade(cluster: Cluster, *sets: str) -> None:
+    """`helm upgrade --reuse-values` of the release with these values, until its pods are Ready."""
+    flags = [flag for value in sets for flag in ("--set", value)]
     cluster.helm(
         "upgrade",
         RELEASE,
@@ -325,21 +292,23 @@ def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
         "--namespace",
         NAMESPACE,
         "--reuse-values",
-        "--set",
-        "admission.enabled=true",
+        *flags,
         "--wait",
         "--timeout=180s",
     )
-    wait_for(
-        "the webhook's CA bundle",
-        lambda: all(
-            w["clientConfig"].get("caBundle")
-            for w in (
-                cluster.get("validatingwebhookconfiguration")
-                or {"items": [{"webhooks": [{"clientConfig": {}}]}]}
-            )["items"][0]["webhooks"]
-        ),
-    )
+
+
+def webhook_ca_injected(cluster: Cluster) -> bool:
+    listed = cluster.get("validatingwebhookconfiguration") or {"items": []}
+    webhooks = [w for item in listed["items"] for w in item["webhooks"]]
+    return bool(webhooks) and all(w["clientConfig"].get("caBundle") for w in webhooks)
+
+
+def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
+    """Step 5: admission on; the API server calls the webhook through its Service, with the CA
+    cert-manager's injector put in."""
+    upgrade(cluster, "admission.enabled=true")
+    wait_for("the webhook's CA bundle", lambda: webhook_ca_injected(cluster))
     for namespace in ("tenant-root", "tenant-a"):
         cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     cluster.apply(
@@ -359,18 +328,7 @@ def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
 def test_uninstall_as_documented_removes_every_copy(cluster: Cluster) -> None:
     """Step 7: GPU features off, the copies gone, then `helm uninstall`; the CRD and the classes
     stay."""
-    cluster.helm(
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-        "--set",
-        "gpu.enabled=false",
-        "--wait",
-        "--timeout=180s",
-    )
+    upgrade(cluster, "gpu.enabled=false")
     # The controllers' spec changes with the switch, so Metacontroller syncs at once, but may
     # reach a pod that still serves copies while the new ones roll out: then the copies go at
     # the next license resync (controllers.licenseResyncPeriodSeconds).
