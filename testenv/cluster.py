@@ -177,6 +177,27 @@ def stop_processes(cluster: Cluster) -> None:
             return
 
 
+def write_memory(cluster: Cluster) -> None:
+    """`logs/memory.txt`: the resident memory of every process of the cluster at the end of the
+    run, and the most each ever held (VmHWM), by command, largest first."""
+    by_command: dict[str, list[int]] = {}
+    for pid in cluster_pids(cluster):
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            fields = dict(
+                line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            )
+            kib = [int(fields.get(key, "0 kB").split()[0]) for key in ("VmRSS", "VmHWM")]
+            totals = by_command.setdefault(name, [0, 0])
+            totals[0], totals[1] = totals[0] + kib[0], totals[1] + kib[1]
+    rows = sorted(by_command.items(), key=lambda row: -row[1][0])
+    lines = [f"{'command':<24}{'rss MiB':>10}{'peak MiB':>10}"]
+    lines += [f"{name:<24}{rss / 1024:>10.0f}{peak / 1024:>10.0f}" for name, (rss, peak) in rows]
+    rss, peak = (sum(row[1][i] for row in rows) for i in (0, 1))
+    lines.append(f"{'all':<24}{rss / 1024:>10.0f}{peak / 1024:>10.0f}")
+    cluster.path("logs", "memory.txt").write_text("\n".join(lines) + "\n")
+
+
 def cgroup_hierarchies() -> list[Path]:
     root = Path("/sys/fs/cgroup")
     if (root / "cgroup.controllers").exists():
@@ -724,6 +745,8 @@ def run(cluster: Cluster, command: list[str]) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with contextlib.suppress(OSError):
+            write_memory(cluster)
         down(cluster)
 
 

@@ -18,11 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from tests.apiserver import kubevirt_cr
 
 ROOT = Path(__file__).parent.parent.parent
 CHART = ROOT / "metacontroller"
 MANIFESTS = ROOT / "tests" / "manifests"
 RELEASE, NAMESPACE = "gpuclass-hooks", "cozy-gpu"
+GPU = "nvidia.com/L40S"
 
 
 class CommandFailed(AssertionError):
@@ -73,6 +77,9 @@ class Cluster:
         socket = self.directory / "containerd" / "containerd.sock"
         return self.run("ctr", f"--address={socket}", "--namespace=k8s.io", *arguments, **kwargs)
 
+    def rollout(self, kind: str, namespace: str, name: str) -> None:
+        self.kubectl("-n", namespace, "rollout", "status", f"{kind}/{name}", "--timeout=180s")
+
     def logs(self, name: str) -> str:
         return (self.directory / "logs" / f"{name}.log").read_text(errors="replace")
 
@@ -94,3 +101,118 @@ def cluster() -> Cluster:
     directory = Path(os.environ["GPUCLASS_E2E_DIR"])
     tools = Path(os.environ["GPUCLASS_TESTENV_CACHE"])
     return Cluster(directory, tools)
+
+
+# --- what the cluster needs (step 1) and the image (step 2) ---------------------------------
+
+
+@pytest.fixture(scope="session")
+def metacontroller(cluster: Cluster) -> None:
+    """Step 1: Metacontroller from its own chart (its source's, as no registry is reachable),
+    with the apply strategy docs/install.md recommends."""
+    cluster.helm(
+        "install",
+        "metacontroller",
+        str(cluster.tools / "metacontroller-chart"),
+        "--namespace",
+        "metacontroller",
+        "--create-namespace",
+        "--set",
+        "image.repository=e2e.local/metacontroller",
+        "--set",
+        "image.tag=1",
+        "--set",
+        "image.pullPolicy=Never",
+        "--set-json",
+        'commandArgs=["--zap-log-level=4","--discovery-interval=20s",'
+        '"--apply-strategy=server-side-apply"]',
+        "--wait",
+        "--timeout=180s",
+    )
+
+
+@pytest.fixture(scope="session")
+def cert_manager(cluster: Cluster) -> None:
+    """cert-manager's controller and cainjector, as pods, with its own CRDs."""
+    for crd in sorted((cluster.tools / "cert-manager-crds").glob("*.yaml")):
+        cluster.kubectl("apply", "--server-side", "-f", str(crd))
+    labels = {"app": "cert-manager"}
+    documents: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cert-manager"}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "cert-manager", "namespace": "cert-manager"},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "cert-manager"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "cert-manager", "namespace": "cert-manager"}
+            ],
+        },
+    ]
+    for part in ("controller", "cainjector"):
+        documents.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": f"cert-manager-{part}", "namespace": "cert-manager"},
+                "spec": {
+                    "selector": {"matchLabels": {**labels, "part": part}},
+                    "template": {
+                        "metadata": {"labels": {**labels, "part": part}},
+                        "spec": {
+                            "serviceAccountName": "cert-manager",
+                            "containers": [
+                                {
+                                    "name": part,
+                                    "image": f"e2e.local/cert-manager-{part}:1",
+                                    "imagePullPolicy": "Never",
+                                }
+                            ],
+                        },
+                    },
+                },
+            }
+        )
+    cluster.apply(*documents)
+    for part in ("controller", "cainjector"):
+        cluster.rollout("deployment", "cert-manager", f"cert-manager-{part}")
+
+
+@pytest.fixture(scope="session")
+def image_on_node(cluster: Cluster, pytestconfig: pytest.Config) -> None:
+    """Step 2, "as a file": docker save, then ctr import on the node."""
+    tag: str = pytestconfig.getoption("--e2e-image")
+    saved = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
+    socket = cluster.directory / "containerd" / "containerd.sock"
+    imported = subprocess.run(
+        ["ctr", f"--address={socket}", "--namespace", "k8s.io", "images", "import", "-"],
+        stdin=saved.stdout,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert saved.wait() == 0 and imported.returncode == 0, imported.stderr
+    listed = cluster.ctr("images", "ls", "-q").stdout.split()
+    assert f"docker.io/library/{tag}" in listed
+
+
+@pytest.fixture(scope="session")
+def cozystack(cluster: Cluster) -> None:
+    """What a Cozystack cluster serves that the hooks read: its app kinds (the tests' CRDs stand
+    for its aggregated API), HelmReleases, and the KubeVirt object."""
+    for name in ("cozystack-crds.yaml", "kubevirt-crd.yaml"):
+        cluster.apply(*yaml.safe_load((MANIFESTS / name).read_text())["documents"])
+    cluster.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
+    )
+    wait_for("the KubeVirt kind", lambda: cluster.get("kubevirts", "-A") is not None)
+    cluster.apply(kubevirt_cr(GPU))

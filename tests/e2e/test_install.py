@@ -7,191 +7,34 @@ server, and the documented uninstall. The shell blocks are the document's own, r
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
 from pathlib import Path
-from typing import Any
-
-import pytest
-import yaml
 
 from hooks.rules.budget.keys import TOTAL_KEY
-from tests.apiserver import kubevirt_cr
-from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY, helmrelease
-from tests.e2e.conftest import CHART, MANIFESTS, NAMESPACE, RELEASE, Cluster, wait_for
-
-INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
-IMAGE_FLAGS = (
-    "--set image.repository=docker.io/library/gpuclass-hooks --set image.tag=dev "
-    "--set image.pullPolicy=Never --wait --timeout=180s"
+from tests.builders import TOKEN_KEY, helmrelease
+from tests.e2e.conftest import GPU, NAMESPACE, RELEASE, Cluster, wait_for
+from tests.e2e.steps import (
+    COPY,
+    COPY_LABEL,
+    LICENSE_RESYNC_SECONDS,
+    doc_block,
+    helm_test,
+    install_with_cert_manager,
+    licensed_setup,
+    run_block,
+    upgrade,
+    vm,
+    webhook_ca_injected,
+    with_image,
 )
-GPU = "nvidia.com/L40S"
-LICENSE_RESYNC_SECONDS = 300  # the chart's controllers.licenseResyncPeriodSeconds
 
-
-def doc_block(after: str) -> str:
-    """The first shell block of docs/install.md after the line that holds `after`."""
-    text = INSTALL.read_text()
-    start = text.index(after)
-    match = re.compile(r"```sh\n(.*?)```", re.S).search(text, start)
-    assert match is not None, f"no shell block after {after!r} in docs/install.md"
-    return match.group(1)
-
-
-def with_image(block: str) -> str:
-    """Each `helm install` and `helm upgrade` of the chart, with the image loaded into the node,
-    waiting until the release's pods are Ready."""
-    return re.sub(
-        r"(helm (?:install|upgrade) gpuclass-hooks \./metacontroller[^\n]*?)(\s*)$",
-        lambda m: f"{m.group(1)} {IMAGE_FLAGS}{m.group(2)}",
-        block.replace("\\\n", " "),
-        flags=re.M,
-    )
-
-
-def run_block(cluster: Cluster, block: str, workdir: Path) -> str:
-    """A documented block, in bash, where `./metacontroller` is the chart."""
-    link = workdir / "metacontroller"
-    if not link.exists():
-        link.symlink_to(CHART)
-    done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PATH": f"{cluster.tools}:{os.environ['PATH']}"},
-    )
-    assert done.returncode == 0, f"{block}\nexited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def rollout(cluster: Cluster, kind: str, namespace: str, name: str) -> None:
-    cluster.kubectl("-n", namespace, "rollout", "status", f"{kind}/{name}", "--timeout=180s")
-
-
-# --- what the cluster needs (step 1) and the image (step 2) ---------------------------------
-
-
-@pytest.fixture(scope="module")
-def metacontroller(cluster: Cluster) -> None:
-    """Step 1: Metacontroller from its own chart (its source's, as no registry is reachable),
-    with the apply strategy docs/install.md recommends."""
-    cluster.helm(
-        "install",
-        "metacontroller",
-        str(cluster.tools / "metacontroller-chart"),
-        "--namespace",
-        "metacontroller",
-        "--create-namespace",
-        "--set",
-        "image.repository=e2e.local/metacontroller",
-        "--set",
-        "image.tag=1",
-        "--set",
-        "image.pullPolicy=Never",
-        "--set-json",
-        'commandArgs=["--zap-log-level=4","--discovery-interval=20s",'
-        '"--apply-strategy=server-side-apply"]',
-        "--wait",
-        "--timeout=180s",
-    )
-
-
-@pytest.fixture(scope="module")
-def cert_manager(cluster: Cluster) -> None:
-    """cert-manager's controller and cainjector, as pods, with its own CRDs."""
-    for crd in sorted((cluster.tools / "cert-manager-crds").glob("*.yaml")):
-        cluster.kubectl("apply", "--server-side", "-f", str(crd))
-    labels = {"app": "cert-manager"}
-    documents: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cert-manager"}},
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": "cert-manager", "namespace": "cert-manager"},
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "cert-manager"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "cluster-admin",
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": "cert-manager", "namespace": "cert-manager"}
-            ],
-        },
-    ]
-    for part in ("controller", "cainjector"):
-        documents.append(
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": f"cert-manager-{part}", "namespace": "cert-manager"},
-                "spec": {
-                    "selector": {"matchLabels": {**labels, "part": part}},
-                    "template": {
-                        "metadata": {"labels": {**labels, "part": part}},
-                        "spec": {
-                            "serviceAccountName": "cert-manager",
-                            "containers": [
-                                {
-                                    "name": part,
-                                    "image": f"e2e.local/cert-manager-{part}:1",
-                                    "imagePullPolicy": "Never",
-                                }
-                            ],
-                        },
-                    },
-                },
-            }
-        )
-    cluster.apply(*documents)
-    for part in ("controller", "cainjector"):
-        rollout(cluster, "deployment", "cert-manager", f"cert-manager-{part}")
-
-
-@pytest.fixture(scope="module")
-def image_on_node(cluster: Cluster, request: pytest.FixtureRequest) -> None:
-    """Step 2, "as a file": docker save, then ctr import on the node."""
-    tag: str = request.config.getoption("--e2e-image")
-    saved = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
-    socket = cluster.directory / "containerd" / "containerd.sock"
-    imported = subprocess.run(
-        ["ctr", f"--address={socket}", "--namespace", "k8s.io", "images", "import", "-"],
-        stdin=saved.stdout,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert saved.wait() == 0 and imported.returncode == 0, imported.stderr
-    listed = cluster.ctr("images", "ls", "-q").stdout.split()
-    assert f"docker.io/library/{tag}" in listed
-
-
-@pytest.fixture(scope="module")
-def cozystack(cluster: Cluster) -> None:
-    """What a Cozystack cluster serves that the hooks read: its app kinds (the tests' CRDs stand
-    for its aggregated API), HelmReleases, and the KubeVirt object."""
-    for name in ("cozystack-crds.yaml", "kubevirt-crd.yaml"):
-        cluster.apply(*yaml.safe_load((MANIFESTS / name).read_text())["documents"])
-    cluster.apply(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
-    )
-    wait_for("the KubeVirt kind", lambda: cluster.get("kubevirts", "-A") is not None)
-    cluster.apply(kubevirt_cr(GPU))
-
+# Every kind the chart makes, wherever it makes it.
+RELEASE_KINDS = (
+    "deployments,services,serviceaccounts,secrets,configmaps,roles,rolebindings,"
+    "poddisruptionbudgets,certificates,issuers,clusterroles,clusterrolebindings,"
+    "validatingwebhookconfigurations,compositecontrollers,decoratorcontrollers"
+)
 
 # --- the install (steps 3 and 4) ----------------------------------------------------------------
-
-
-def helm_test(cluster: Cluster) -> str:
-    done = cluster.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout=180s")
-    return done.stdout
 
 
 def test_install_with_cert_manager_then_helm_test_passes(
@@ -202,12 +45,7 @@ def test_install_with_cert_manager_then_helm_test_passes(
     cozystack: None,
     tmp_path: Path,
 ) -> None:
-    block = doc_block("With cert-manager:")
-    block = block.replace(
-        "--set image.repository=registry.example.com/gpuclass-hooks --set image.tag=0.1.0", ""
-    )
-    run_block(cluster, with_image(block), tmp_path)
-    rollout(cluster, "deployment", NAMESPACE, RELEASE)
+    install_with_cert_manager(cluster, tmp_path)
     ready = cluster.get("certificate", "-n", NAMESPACE)
     assert ready is not None and all(
         any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"]["conditions"])
@@ -215,39 +53,6 @@ def test_install_with_cert_manager_then_helm_test_passes(
     )
     output = helm_test(cluster)
     assert "Phase:          Succeeded" in output, output
-
-
-def licensed_setup(cluster: Cluster) -> None:
-    cluster.apply(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SOURCE_NS}},
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": SOURCE_NAME, "namespace": SOURCE_NS},
-            "stringData": {TOKEN_KEY: "e2e-license-token"},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": "tenant-entitled",
-                "labels": {"namespace.cozystack.io/vgpu": "true"},
-            },
-        },
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-plain"}},
-        {
-            "apiVersion": "cozystack.io/v1alpha1",
-            "kind": "GPUClass",
-            "metadata": {"name": "l40s"},
-            "spec": {
-                "resourceName": GPU,
-                "license": {"secretRef": {"name": SOURCE_NAME}, "featureType": 1},
-            },
-        },
-    )
-
-
-COPY = "gpuclass-l40s-license"
 
 
 def test_license_copies_converge_in_entitled_namespaces_only(cluster: Cluster) -> None:
@@ -273,37 +78,6 @@ def test_license_copies_converge_in_entitled_namespaces_only(cluster: Cluster) -
     assert {c["type"] for c in status} >= {"Ready"}
 
 
-def vm(namespace: str, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps.cozystack.io/v1alpha1",
-        "kind": "VMInstance",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"gpus": [{"name": GPU}]},
-    }
-
-
-def upgrade(cluster: Cluster, *sets: str) -> None:
-    """`helm upgrade --reuse-values` of the release with these values, until its pods are Ready."""
-    flags = [flag for value in sets for flag in ("--set", value)]
-    cluster.helm(
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-        *flags,
-        "--wait",
-        "--timeout=180s",
-    )
-
-
-def webhook_ca_injected(cluster: Cluster) -> bool:
-    listed = cluster.get("validatingwebhookconfiguration") or {"items": []}
-    webhooks = [w for item in listed["items"] for w in item["webhooks"]]
-    return bool(webhooks) and all(w["clientConfig"].get("caBundle") for w in webhooks)
-
-
 def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
     """Step 5: admission on; the API server calls the webhook through its Service, with the CA
     cert-manager's injector put in."""
@@ -325,7 +99,9 @@ def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
     ) in denied.stderr
 
 
-def test_uninstall_as_documented_removes_every_copy(cluster: Cluster) -> None:
+def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
+    cluster: Cluster,
+) -> None:
     """Step 7: GPU features off, the copies gone, then `helm uninstall`; the CRD and the classes
     stay."""
     upgrade(cluster, "gpu.enabled=false")
@@ -334,16 +110,18 @@ def test_uninstall_as_documented_removes_every_copy(cluster: Cluster) -> None:
     # the next license resync (controllers.licenseResyncPeriodSeconds).
     wait_for(
         "no copies left",
-        lambda: (
-            cluster.get("secrets", "-A", "-l", "gpuclass.cozystack.io/license-copy=true")["items"]
-            == []
-        ),
+        lambda: cluster.get("secrets", "-A", "-l", COPY_LABEL)["items"] == [],
         seconds=LICENSE_RESYNC_SECONDS + 60,
     )
     cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=180s")
     assert cluster.get("gpuclass", "l40s") is not None
-    assert cluster.get("compositecontroller", "gpuclass-status") is None
-    assert cluster.get("deployment", "-n", NAMESPACE, RELEASE) is None
+    labelled = cluster.get(RELEASE_KINDS, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")
+    assert labelled["items"] == []
+    # What step 7 says stays: cert-manager keeps a Certificate's Secret when the Certificate goes.
+    left = {
+        s["metadata"]["name"]: s["type"] for s in cluster.get("secrets", "-n", NAMESPACE)["items"]
+    }
+    assert left == {f"{RELEASE}-{part}": "kubernetes.io/tls" for part in ("ca", "tls", "client")}
 
 
 def test_install_with_an_existing_tls_secret_then_helm_test_passes(
@@ -352,7 +130,7 @@ def test_install_with_an_existing_tls_secret_then_helm_test_passes(
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s")
     block = doc_block("Without it, make the TLS Secret first.")
     run_block(cluster, with_image(block), tmp_path)
-    rollout(cluster, "deployment", NAMESPACE, RELEASE)
+    cluster.rollout("deployment", NAMESPACE, RELEASE)
     output = helm_test(cluster)
     assert "Phase:          Succeeded" in output, output
     copy = wait_for("the license copy again", lambda: cluster.secret_data("tenant-entitled", COPY))

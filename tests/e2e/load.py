@@ -1,0 +1,183 @@
+"""Calls in flight while the install changes: admission reviews sent through the API server,
+Metacontroller syncs provoked by tenants' namespaces and the class changing, and a watch on the
+license copies that sees every deletion, however short-lived. Each scenario that rolls, deletes or
+rotates something runs inside a `Load` and then reads what every call came to."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+import yaml
+
+from tests.e2e.conftest import Cluster
+from tests.e2e.steps import COPY, COPY_LABEL, vm
+
+ENTITLED_LABEL = "namespace.cozystack.io/vgpu"
+DENIED_BY_THE_WEBHOOK = 'admission webhook "gpu-budget.gpuclass.cozystack.io" denied the request'
+# Metacontroller's line for a sync that failed, whatever failed in it (a hook call, an apply).
+SYNC_FAILED = "failed to sync gpuclass-"
+
+
+class Api:
+    """The cluster's API server as the kubeconfig the tests run with reaches it."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        config = yaml.safe_load((cluster.directory / "kubeconfig").read_text())
+        self.server: str = config["clusters"][0]["cluster"]["server"]
+        self.session = requests.Session()
+        self.session.verify = config["clusters"][0]["cluster"]["certificate-authority"]
+        self.session.headers["Authorization"] = f"Bearer {config['users'][0]['user']['token']}"
+
+    def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        kwargs.setdefault("timeout", 30)
+        return self.session.request(method, self.server + path, **kwargs)
+
+
+@dataclass
+class Outcomes:
+    """What the calls made under load came to."""
+
+    reviews: Counter[str] = field(default_factory=Counter)
+    review_failures: list[str] = field(default_factory=list)
+    copies_deleted: list[str] = field(default_factory=list)
+    churn_copies_created: int = 0
+    churn_changes: int = 0
+    watch_failures: list[str] = field(default_factory=list)
+    sync_failures: list[str] = field(default_factory=list)
+
+
+class Load:
+    """While it runs: a VM that fits and one that does not, reviewed through the API server in
+    turn (dry run: nothing is stored); a namespace labelled and unlabelled, and the class
+    annotated, every second (each a sync of both controllers); and a watch on the copies."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        entitled: list[str],
+        churn: str,
+        fits: str,
+        exceeds: str,
+        gpuclass: str,
+    ) -> None:
+        self.cluster = cluster
+        self.api = Api(cluster)
+        self.entitled, self.churn = set(entitled), churn
+        self.fits, self.exceeds, self.gpuclass = fits, exceeds, gpuclass
+        self.outcomes = Outcomes()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._review, daemon=True),
+            threading.Thread(target=self._provoke_syncs, daemon=True),
+            threading.Thread(target=self._watch_copies, daemon=True),
+        ]
+        self._synced_failures_before = 0
+
+    def __enter__(self) -> Load:
+        self._synced_failures_before = len(self._metacontroller_sync_failures())
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self.outcomes.sync_failures = self._metacontroller_sync_failures()[
+            self._synced_failures_before :
+        ]
+
+    def _metacontroller_sync_failures(self) -> list[str]:
+        done = self.cluster.kubectl("logs", "-n", "metacontroller", "metacontroller-0")
+        return [line for line in done.stdout.splitlines() if SYNC_FAILED in line]
+
+    def _review(self) -> None:
+        calls = 0
+        while not self._stop.is_set():
+            for namespace, expected in ((self.fits, "allowed"), (self.exceeds, "denied")):
+                calls += 1
+                try:
+                    answer = self.api.request(
+                        "POST",
+                        f"/apis/apps.cozystack.io/v1alpha1/namespaces/{namespace}/vminstances",
+                        params={"dryRun": "All"},
+                        json=vm(namespace, f"load-{calls}"),
+                    )
+                except requests.RequestException as error:
+                    self.outcomes.review_failures.append(f"{namespace}: {error}")
+                    continue
+                if answer.status_code == 201:
+                    outcome = "allowed"
+                elif answer.status_code == 403 and DENIED_BY_THE_WEBHOOK in answer.text:
+                    outcome = "denied"
+                else:
+                    outcome = f"{answer.status_code}"
+                self.outcomes.reviews[outcome] += 1
+                if outcome != expected:
+                    self.outcomes.review_failures.append(
+                        f"{namespace}: {answer.status_code} {answer.text[:300]}"
+                    )
+            self._stop.wait(0.1)
+
+    def _provoke_syncs(self) -> None:
+        while not self._stop.wait(1):
+            self.outcomes.churn_changes += 1
+            entitled = "true" if self.outcomes.churn_changes % 2 else None
+            patches = (
+                (f"/api/v1/namespaces/{self.churn}", {ENTITLED_LABEL: entitled}, "labels"),
+                (
+                    f"/apis/cozystack.io/v1alpha1/gpuclasses/{self.gpuclass}",
+                    {"e2e.gpuclass.cozystack.io/tick": str(self.outcomes.churn_changes)},
+                    "annotations",
+                ),
+            )
+            for path, values, where in patches:
+                self.api.request(
+                    "PATCH",
+                    path,
+                    data=json.dumps({"metadata": {where: values}}),
+                    headers={"Content-Type": "application/merge-patch+json"},
+                ).raise_for_status()
+
+    def _watch_copies(self) -> None:
+        listed = self.api.request("GET", "/api/v1/secrets", params={"labelSelector": COPY_LABEL})
+        listed.raise_for_status()
+        version = listed.json()["metadata"]["resourceVersion"]
+        watch = {"labelSelector": COPY_LABEL, "watch": "true"}
+        while not self._stop.is_set():
+            # A short read timeout: the watch is resumed from the last version seen, so no
+            # event is lost between two, and the thread notices the end of the load.
+            try:
+                with self.api.request(
+                    "GET",
+                    "/api/v1/secrets",
+                    params={**watch, "resourceVersion": version},
+                    stream=True,
+                    timeout=(10, 2),
+                ) as stream:
+                    for line in stream.iter_lines():
+                        version = self._seen(json.loads(line)) or version
+            except requests.RequestException:
+                continue
+
+    def _seen(self, event: dict[str, Any]) -> str | None:
+        kind, copy = event["type"], event["object"]
+        if kind == "ERROR":
+            self.outcomes.watch_failures.append(json.dumps(copy)[:300])
+            self._stop.set()
+            return None
+        namespace = copy["metadata"]["namespace"]
+        if copy["metadata"]["name"] == COPY:
+            if kind == "DELETED" and namespace in self.entitled:
+                self.outcomes.copies_deleted.append(f"{namespace} at {time.monotonic():.1f}")
+            if kind == "ADDED" and namespace == self.churn:
+                self.outcomes.churn_copies_created += 1
+        version: str = copy["metadata"]["resourceVersion"]
+        return version
