@@ -121,7 +121,7 @@ def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     left = {
         s["metadata"]["name"]: s["type"] for s in cluster.get("secrets", "-n", NAMESPACE)["items"]
     }
-    assert left == {f"{RELEASE}-{part}": "kubernetes.io/tls" for part in ("ca", "tls", "client")}
+    assert left == {f"{RELEASE}-{part}": "kubernetes.io/tls" for part in ("ca", "tls")}
 
 
 def test_install_with_an_existing_tls_secret_then_helm_test_passes(
