@@ -594,6 +594,23 @@ def test_cert_manager_issues_ca_server_and_client_certificates() -> None:
     assert by_kind(render("tls.enabled=true", "tls.existingSecret=mine"), "Certificate") == []
 
 
+def test_the_ca_keeps_its_key_on_renewal_and_each_certificate_has_an_explicit_lifetime() -> None:
+    """cert-manager 1.18+ gives a renewed CA a new key unless told not to: the outage of a CA
+    rotation on every renewal. Lifetimes are the chart's, not cert-manager's defaults."""
+    certificates = {
+        c["metadata"]["name"]: c["spec"] for c in by_kind(render(*SECURE), "Certificate")
+    }
+    ca = certificates.pop("gpu-gpuclass-hooks-ca")
+    assert ca["privateKey"]["rotationPolicy"] == "Never"
+    assert ca["duration"] == "43800h"
+    assert {name: (c["duration"], c["renewBefore"]) for name, c in certificates.items()} == {
+        "gpu-gpuclass-hooks-tls": ("8760h", "720h"),
+        "gpu-gpuclass-hooks-client": ("8760h", "720h"),
+    }
+    renewed = render(*SECURE, "tls.certManager.duration=2160h", "tls.certManager.renewBefore=360h")
+    assert {c["spec"]["duration"] for c in by_kind(renewed, "Certificate")} == {"43800h", "2160h"}
+
+
 def test_deployment_gets_the_files_and_settings() -> None:
     documents = render(*SECURE)
     container, env = container_of(documents), env_of(documents)
