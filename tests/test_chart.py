@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -12,6 +13,7 @@ from urllib.parse import urlparse
 
 import jsonschema
 import pytest
+import trustme
 import yaml
 
 from hooks import listeners
@@ -107,7 +109,7 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         assert url.path in served
         assert url.hostname == f"{service['metadata']['name']}.cozy-gpu.svc"
         assert url.port == service["spec"]["ports"][0]["port"]
-        assert re.fullmatch(r"cfg=[0-9a-f]{8}", url.query)
+        assert re.fullmatch(r"cfg=[0-9a-f]{8}&cred=[0-9a-f]{8}", url.query)
 
 
 def test_every_hook_is_v2_with_the_timeout(default_render: list[dict[str, Any]]) -> None:
@@ -694,6 +696,34 @@ def test_admission_webhook_uses_a_given_ca_bundle() -> None:
     assert "annotations" not in config["metadata"]
 
 
+def test_a_trust_bundle_is_what_metacontroller_and_the_api_server_trust() -> None:
+    """During a CA rotation both clients of the hooks must trust the old CA and the new one; one
+    value says so for both, inline in the controllers' spec, so changing it rebuilds them."""
+    both = trustme.CA().cert_pem.bytes().decode() + trustme.CA().cert_pem.bytes().decode()
+    documents = render(
+        "admission.enabled=true", "tls.existingSecret=mine", f"tls.trustBundle={both}"
+    )
+    for hook in hooks_of(documents).values():
+        assert hook["webhook"]["caBundle"] == {"inline": both}
+    config = one(documents, "ValidatingWebhookConfiguration")
+    assert {
+        base64.b64decode(w["clientConfig"]["caBundle"]).decode() for w in config["webhooks"]
+    } == {both}
+    assert "annotations" not in config["metadata"]
+    issued = render("admission.enabled=true", f"tls.trustBundle={both}")
+    assert "annotations" not in one(issued, "ValidatingWebhookConfiguration")["metadata"]
+    twice = template("admission.enabled=true", f"tls.trustBundle={both}", "admission.caBundle=Q0E=")
+    assert twice.returncode != 0 and "not both" in twice.stderr
+
+
+def test_admission_refuses_to_render_without_a_ca_it_can_read() -> None:
+    """A fail-closed webhook without a caBundle refuses every tenant change: with an existing
+    Secret the chart cannot read (helm template, GitOps) and no bundle given, it does not render."""
+    result = template("admission.enabled=true", "tls.existingSecret=mine")
+    assert result.returncode != 0
+    assert "needs a CA to trust" in result.stderr and "tls.trustBundle" in result.stderr
+
+
 def test_admission_rbac_lists_what_the_webhook_reads() -> None:
     documents = render("admission.enabled=true", "tls.enabled=true")
     role = next(
@@ -793,6 +823,8 @@ def should_render(values: dict[str, Any]) -> bool:
         or (client and not tls)
         or (client and not issuing and not values["tls.clientAuth.existingSecret"])
         or (values["admission.enabled"] and (not tls or client))
+        # a fail-closed webhook with no CA to trust: helm template cannot read the Secret's
+        or (values["admission.enabled"] and not issuing)
     )
 
 

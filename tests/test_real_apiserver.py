@@ -702,6 +702,100 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
     assert tokens[2] is not None and tokens[3] == tokens[2]
 
 
+@pytest.mark.tools
+def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_upgrade(
+    tmp_path: Path,
+) -> None:
+    """Metacontroller reads the token, the CA bundle and the client certificate only when it
+    builds a controller, and rebuilds one only when its spec changes: `helm upgrade
+    --reuse-values` after a rotation must change the hook URLs, and one with nothing rotated must
+    not (docs/operating.md). No credential appears in a URL. On a control plane of its own."""
+    release, namespace = "rot", "cozy-gpu-rot"
+    fullname = f"{release}-gpuclass-hooks"
+    ca = trustme.CA()
+    pem = {
+        "tls": ca.issue_cert(f"{fullname}.{namespace}.svc"),
+        "client": ca.issue_cert("metacontroller"),
+    }
+
+    def tls_secret(name: str, which: str) -> dict[str, Any]:
+        data = {
+            "tls.crt": pem[which].cert_chain_pems[0].bytes(),
+            "tls.key": pem[which].private_key_pem.bytes(),
+            "ca.crt": ca.cert_pem.bytes(),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "kubernetes.io/tls",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+        }
+
+    values = (
+        f"tls.existingSecret={fullname}-tls",
+        "tls.clientAuth.enabled=true",
+        f"tls.clientAuth.existingSecret={fullname}-client",
+        "gpuOperator.variant=vgpu",
+    )
+    with control_plane(tmp_path) as kube:
+        kube.apply(*manifests("metacontroller-crds.yaml"))
+        kube.namespace(namespace)
+        kube.apply(tls_secret(f"{fullname}-tls", "tls"), tls_secret(f"{fullname}-client", "client"))
+        base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
+
+        def helm_upgrade(*flags: str) -> dict[str, str]:
+            command = [helm(), "upgrade", release, str(CHART), *base, *flags]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+            assert result.returncode == 0, result.stderr
+            urls = {}
+            for kind, name in (
+                ("compositecontrollers", "gpuclass-status"),
+                ("decoratorcontrollers", "gpuclass-license"),
+            ):
+                stored = kube.request(
+                    "GET", f"/apis/metacontroller.k8s.io/v1alpha1/{kind}/{name}"
+                ).json()
+                for hook, spec in stored["spec"]["hooks"].items():
+                    urls[f"{name}/{hook}"] = spec["webhook"]["url"]
+            return urls
+
+        def patch(secret: str, key: str, value: bytes) -> None:
+            kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/secrets/{secret}",
+                {"data": {key: base64.b64encode(value).decode()}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            ).raise_for_status()
+
+        helm_upgrade("--install", *(flag for value in values for flag in ("--set", value)))
+        settled = helm_upgrade("--reuse-values")  # the token exists from here on
+        assert helm_upgrade("--reuse-values") == settled
+        token = kube.request(
+            "GET", f"/api/v1/namespaces/{namespace}/secrets/{fullname}-hook-token"
+        ).json()["data"]["token"]
+        rotations = (
+            (f"{fullname}-hook-token", "token", b"a-new-token-for-metacontroller"),
+            (f"{fullname}-tls", "ca.crt", trustme.CA().cert_pem.bytes() + ca.cert_pem.bytes()),
+            (
+                f"{fullname}-client",
+                "tls.crt",
+                ca.issue_cert("metacontroller").cert_chain_pems[0].bytes(),
+            ),
+        )
+        for secret, key, value in rotations:
+            patch(secret, key, value)
+            rotated = helm_upgrade("--reuse-values")
+            changed = {hook for hook in rotated if rotated[hook] != settled[hook]}
+            assert changed == set(settled), f"{secret}/{key} rotated, URLs unchanged"
+            assert {u.split("&cred=")[0] for u in rotated.values()} == {
+                u.split("&cred=")[0] for u in settled.values()
+            }
+            settled = rotated
+        for url in settled.values():
+            assert token not in url and base64.b64decode(token).decode() not in url
+
+
 def test_monitoring_objects_are_stored_as_written(kube: ControlPlane) -> None:
     """The ServiceMonitor and PrometheusRule against prometheus-operator's own CRDs (from its Go
     module, `make tools`), the VMServiceScrape and VMRule against CRDs written for the suite from

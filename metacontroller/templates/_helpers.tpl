@@ -43,10 +43,35 @@ The service ignores the query parameter.
 {{- $settings | toJson | sha256sum | trunc 8 -}}
 {{- end -}}
 
+{{/*
+A checksum of the credentials Metacontroller reads from Secrets when it builds a controller (the
+token it sends, the CA it trusts, the client certificate it presents), as the cluster holds them
+at render time. Metacontroller rebuilds a controller only when its spec changes, so a credential
+rotated in a Secret reaches it with the next `helm upgrade`, which changes the hook URLs. Only a
+short digest of them leaves the Secrets; a render without a cluster (helm template) reads none.
+*/}}
+{{- define "gpuclass-hooks.credentialsChecksum" -}}
+{{- $namespace := .Release.Namespace -}}
+{{- $read := list -}}
+{{- if .Values.auth.enabled -}}
+{{- $secret := lookup "v1" "Secret" $namespace (include "gpuclass-hooks.tokenSecret" .) -}}
+{{- $read = append $read (dig "data" "token" "" $secret) -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.trustBundle) -}}
+{{- $secret := lookup "v1" "Secret" $namespace (include "gpuclass-hooks.tlsSecret" .) -}}
+{{- $read = append $read (dig "data" "ca.crt" "" $secret) -}}
+{{- end -}}
+{{- if and .Values.tls.enabled .Values.tls.clientAuth.enabled -}}
+{{- $secret := lookup "v1" "Secret" $namespace (include "gpuclass-hooks.clientSecret" .) -}}
+{{- $read = append $read (dig "data" "tls.crt" "" $secret) -}}
+{{- end -}}
+{{- $read | toJson | sha256sum | trunc 8 -}}
+{{- end -}}
+
 {{- define "gpuclass-hooks.hookURL" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
-{{- printf "%s://%s.%s.svc:%d%s?cfg=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) -}}
+{{- printf "%s://%s.%s.svc:%d%s?cfg=%s&cred=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) (include "gpuclass-hooks.credentialsChecksum" $root) -}}
 {{- end -}}
 
 {{/* Metacontroller reads these credentials when it builds the controller (see docs/operating.md). */}}
@@ -66,10 +91,14 @@ webhook:
   {{- end }}
   {{- if $root.Values.tls.enabled }}
   caBundle:
+    {{- if $root.Values.tls.trustBundle }}
+    inline: {{ $root.Values.tls.trustBundle | toJson }}
+    {{- else }}
     secretRef:
       name: {{ include "gpuclass-hooks.tlsSecret" $root }}
       namespace: {{ $root.Release.Namespace }}
       key: ca.crt
+    {{- end }}
   {{- if $root.Values.tls.clientAuth.enabled }}
   clientTLS:
     secretRef:
