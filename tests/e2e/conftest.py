@@ -7,93 +7,28 @@ They are collected only there (tests/conftest.py): `make test` has no cluster to
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import subprocess
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from hooks.rules.budget.keys import TOTAL_KEY
 from tests.apiserver import kubevirt_cr
-
-ROOT = Path(__file__).parent.parent.parent
-CHART = ROOT / "metacontroller"
-MANIFESTS = ROOT / "tests" / "manifests"
-RELEASE, NAMESPACE = "gpuclass-hooks", "cozy-gpu"
-GPU = "nvidia.com/L40S"
-
-
-class CommandFailed(AssertionError):
-    pass
-
-
-@dataclass(frozen=True)
-class Cluster:
-    directory: Path
-    tools: Path
-
-    def run(
-        self, *command: str, input: str | None = None, check: bool = True, timeout: float = 300
-    ) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise CommandFailed(
-                f"{' '.join(command)} exited {done.returncode}:\n{done.stdout[-3000:]}"
-                f"\n{done.stderr[-3000:]}"
-            )
-        return done
-
-    def kubectl(self, *arguments: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        return self.run(str(self.tools / "kubectl"), *arguments, **kwargs)
-
-    def helm(self, *arguments: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        return self.run(str(self.tools / "helm"), *arguments, **kwargs)
-
-    def apply(self, *documents: dict[str, Any]) -> None:
-        listed = {"apiVersion": "v1", "kind": "List", "items": list(documents)}
-        self.kubectl(
-            "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(listed)
-        )
-
-    def get(self, *arguments: str) -> Any:
-        done = self.kubectl("get", *arguments, "-o", "json", check=False)
-        if done.returncode != 0:
-            return None
-        return json.loads(done.stdout)
-
-    def secret_data(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        found = self.get("secret", "-n", namespace, name)
-        if found is None:
-            return None
-        return {key: base64.b64decode(value) for key, value in found.get("data", {}).items()}
-
-    def ctr(self, *arguments: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        socket = self.directory / "containerd" / "containerd.sock"
-        return self.run("ctr", f"--address={socket}", "--namespace=k8s.io", *arguments, **kwargs)
-
-    def rollout(self, kind: str, namespace: str, name: str) -> None:
-        self.kubectl("-n", namespace, "rollout", "status", f"{kind}/{name}", "--timeout=180s")
-
-    def logs(self, name: str) -> str:
-        return (self.directory / "logs" / f"{name}.log").read_text(errors="replace")
-
-
-def wait_for(what: str, condition: Callable[[], Any], seconds: float = 120) -> Any:
-    """condition's first true value, or a failure naming what never came."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {seconds:.0f} s (last: {value!r})")
-        time.sleep(1)
+from tests.builders import helmrelease
+from tests.e2e.cluster import GPU, MANIFESTS, Cluster, wait_for
+from tests.e2e.load import CHURN, ENTITLED, ENTITLED_LABEL, EXCEEDS, FITS
+from tests.e2e.steps import (
+    COPY,
+    install_with_cert_manager,
+    licensed_setup,
+    remove_release,
+    upgrade,
+    webhook_ca_injected,
+)
 
 
 @pytest.fixture(scope="session")
@@ -216,3 +151,42 @@ def cozystack(cluster: Cluster) -> None:
     )
     wait_for("the KubeVirt kind", lambda: cluster.get("kubevirts", "-A") is not None)
     cluster.apply(kubevirt_cr(GPU))
+
+
+@pytest.fixture(scope="module")
+def serving(
+    cluster: Cluster,
+    metacontroller: None,
+    cert_manager: None,
+    image_on_node: None,
+    cozystack: None,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """The install with cert-manager and admission on, copies in three entitled namespaces, one
+    tenant with room for a VM and one without."""
+    remove_release(cluster)
+    install_with_cert_manager(cluster, tmp_path_factory.mktemp("install"))
+    upgrade(cluster, "admission.enabled=true")
+    licensed_setup(cluster)
+    namespaces = [*ENTITLED[1:], CHURN, "tenant-root", FITS, EXCEEDS]
+    cluster.apply(
+        *(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "labels": {ENTITLED_LABEL: "true"} if name in ENTITLED else {},
+                },
+            }
+            for name in namespaces
+        ),
+        helmrelease("Tenant", "tenant-root", "load", {"resourceQuotas": {TOTAL_KEY: "1000"}}),
+        helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}}),
+        helmrelease("VMInstance", EXCEEDS, "render", {"gpus": [{"name": GPU}]}),
+    )
+    for namespace in ENTITLED:
+        wait_for(f"the copy in {namespace}", lambda n=namespace: cluster.secret_data(n, COPY))
+    wait_for("the webhook's CA bundle", lambda: webhook_ca_injected(cluster))
+    yield
+    remove_release(cluster)

@@ -9,16 +9,24 @@ import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import requests
 import yaml
 
-from tests.e2e.conftest import Cluster
+from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster
 from tests.e2e.steps import COPY, COPY_LABEL, vm
 
 ENTITLED_LABEL = "namespace.cozystack.io/vgpu"
+# The tenants every scenario runs with (the `serving` fixture makes them): namespaces entitled to
+# the license copy, one entitled and not in turn, a tenant with room for a VM and one without.
+ENTITLED = ["tenant-entitled", "tenant-e1", "tenant-e2"]
+CHURN = "tenant-churn"
+FITS, EXCEEDS = "tenant-load", "tenant-a"
+# Calls before, during and after each change, so the change happens with calls in flight.
+SETTLE_SECONDS = 5
 DENIED_BY_THE_WEBHOOK = 'admission webhook "gpu-budget.gpuclass.cozystack.io" denied the request'
 # Metacontroller's line for a sync that failed, whatever failed in it (a hook call, an apply).
 SYNC_FAILED = "failed to sync gpuclass-"
@@ -50,6 +58,8 @@ class Outcomes:
     churn_changes: int = 0
     watch_failures: list[str] = field(default_factory=list)
     sync_failures: list[str] = field(default_factory=list)
+    # A thread of the load that failed itself (the load is then not what it claims to be).
+    load_errors: list[str] = field(default_factory=list)
 
 
 class Load:
@@ -74,9 +84,8 @@ class Load:
         self.outcomes = Outcomes()
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._review, daemon=True),
-            threading.Thread(target=self._provoke_syncs, daemon=True),
-            threading.Thread(target=self._watch_copies, daemon=True),
+            threading.Thread(target=self._guarded, args=(work,), daemon=True)
+            for work in (self._review, self._provoke_syncs, self._watch_copies)
         ]
         self._synced_failures_before = 0
 
@@ -93,6 +102,13 @@ class Load:
         self.outcomes.sync_failures = self._metacontroller_sync_failures()[
             self._synced_failures_before :
         ]
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception as error:  # noqa: BLE001 (reported, and the load stops)
+            self.outcomes.load_errors.append(f"{work.__name__}: {error!r}")
+            self._stop.set()
 
     def _metacontroller_sync_failures(self) -> list[str]:
         done = self.cluster.kubectl("logs", "-n", "metacontroller", "metacontroller-0")
@@ -181,3 +197,31 @@ class Load:
                 self.outcomes.churn_copies_created += 1
         version: str = copy["metadata"]["resourceVersion"]
         return version
+
+
+def scenario_load(cluster: Cluster) -> Load:
+    return Load(
+        cluster, entitled=ENTITLED, churn=CHURN, fits=FITS, exceeds=EXCEEDS, gpuclass="l40s"
+    )
+
+
+def hook_pods(cluster: Cluster) -> list[Any]:
+    """The Deployment's pods, terminating ones included (not `helm test`'s)."""
+    listed = cluster.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")
+    owned = [(pod, pod["metadata"].get("ownerReferences", [])) for pod in listed["items"]]
+    return [pod for pod, owners in owned if any(o["kind"] == "ReplicaSet" for o in owners)]
+
+
+def cost_nothing(cluster: Cluster, scenario: str, outcomes: Outcomes) -> None:
+    """Every review had its verdict, no sync failed, no copy went, and syncs ran throughout."""
+    record = cluster.directory / "logs" / f"{scenario}.json"
+    record.write_text(json.dumps(asdict(outcomes), indent=2))
+    assert outcomes.load_errors == []
+    assert outcomes.review_failures == []
+    assert outcomes.reviews["allowed"] >= 10 and outcomes.reviews["denied"] >= 10, outcomes.reviews
+    assert outcomes.sync_failures == []
+    assert outcomes.watch_failures == []
+    assert outcomes.copies_deleted == []
+    assert outcomes.churn_copies_created >= 2, "no license sync ran under the load"
+    for namespace in ENTITLED:
+        assert cluster.secret_data(namespace, COPY) is not None

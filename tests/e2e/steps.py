@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY
-from tests.e2e.conftest import CHART, GPU, NAMESPACE, RELEASE, Cluster
+from tests.e2e.cluster import CHART, GPU, NAMESPACE, RELEASE, Cluster
 
 INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
+OPERATING = INSTALL.parent / "operating.md"
 IMAGE_FLAGS = (
     "--set image.repository=docker.io/library/gpuclass-hooks --set image.tag=dev "
     "--set image.pullPolicy=Never --wait --timeout=180s"
@@ -20,12 +21,13 @@ IMAGE_FLAGS = (
 LICENSE_RESYNC_SECONDS = 300  # the chart's controllers.licenseResyncPeriodSeconds
 
 
-def doc_block(after: str) -> str:
-    """The first shell block of docs/install.md after the line that holds `after`."""
-    text = INSTALL.read_text()
+def doc_block(after: str, document: Path = INSTALL) -> str:
+    """The first shell block of the document (docs/install.md) after the line that holds
+    `after`."""
+    text = document.read_text()
     start = text.index(after)
     match = re.compile(r"```sh\n(.*?)```", re.S).search(text, start)
-    assert match is not None, f"no shell block after {after!r} in docs/install.md"
+    assert match is not None, f"no shell block after {after!r} in {document.name}"
     return match.group(1)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hooks.rules.budget.keys import TOTAL_KEY
 from tests.builders import TOKEN_KEY, helmrelease
-from tests.e2e.conftest import GPU, NAMESPACE, RELEASE, Cluster, wait_for
+from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
 from tests.e2e.steps import (
     COPY,
     COPY_LABEL,
