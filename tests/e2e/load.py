@@ -106,7 +106,7 @@ class Load:
     def _guarded(self, work: Callable[[], None]) -> None:
         try:
             work()
-        except Exception as error:  # noqa: BLE001 (reported, and the load stops)
+        except Exception as error:  # reported, and the load stops
             self.outcomes.load_errors.append(f"{work.__name__}: {error!r}")
             self._stop.set()
 
