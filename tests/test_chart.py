@@ -795,7 +795,7 @@ def secrets_used(documents: list[dict[str, Any]]) -> set[str]:
         for hook in (spec.get("hooks") or {}).values():
             webhook = hook["webhook"]
             for field in ("authorization", "caBundle", "clientTLS"):
-                if field in webhook:
+                if "secretRef" in webhook.get(field, {}):
                     used.add(webhook[field]["secretRef"]["name"])
     return used
 
@@ -853,4 +853,7 @@ def test_every_combination_that_renders_mounts_only_secrets_that_exist() -> None
         assert not missing, (values, missing)
         schemes = {h["webhook"]["url"].split(":")[0] for h in hooks_of(documents).values()}
         assert schemes == {"https" if values["tls.enabled"] else "http"}
+        for config in by_kind(documents, "ValidatingWebhookConfiguration"):
+            injected = "cert-manager.io/inject-ca-from" in config["metadata"].get("annotations", {})
+            assert injected or all(w["clientConfig"].get("caBundle") for w in config["webhooks"])
     assert 0 < rendering < len(combinations)
