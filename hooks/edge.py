@@ -16,6 +16,7 @@ One `Edge` serves one selector, driven by one thread: every method but `counts` 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import socket
 import ssl
@@ -31,6 +32,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import msgspec
+
+from hooks.wire import certificates
 
 # The request line and headers together; larger is 431 (a hook call's head is a few hundred
 # bytes; Go's and nginx's defaults sit on either side of this bound).
@@ -55,6 +58,45 @@ class State(enum.Enum):
 
 # Why a connection was closed without an answer.
 DROP_REASONS = ("head_deadline", "head_too_large", "over_capacity", "handshake_failed", "malformed")
+
+# Why a TLS handshake failed, as far as it tells whom to look at: the peer refused the served
+# certificate (an old CA in its trust), the peer's certificate was missing or refused, the peer
+# spoke plain HTTP to the TLS port, or no version or cipher was shared.
+_TLS_FAILURES = {
+    "certificate_rejected": (
+        "ALERT_UNKNOWN_CA",
+        "ALERT_BAD_CERTIFICATE",
+        "ALERT_CERTIFICATE_UNKNOWN",
+        "ALERT_CERTIFICATE_EXPIRED",
+        "ALERT_UNSUPPORTED_CERTIFICATE",
+    ),
+    "client_certificate": (
+        "PEER_DID_NOT_RETURN_A_CERTIFICATE",
+        "CERTIFICATE_VERIFY_FAILED",
+        "NO_CERTIFICATE_RETURNED",
+    ),
+    "plain_http": ("HTTP_REQUEST", "HTTPS_PROXY_REQUEST"),
+    "protocol": (
+        "WRONG_VERSION_NUMBER",
+        "UNSUPPORTED_PROTOCOL",
+        "UNKNOWN_PROTOCOL",
+        "NO_SHARED_CIPHER",
+        "NO_PROTOCOLS_AVAILABLE",
+        "VERSION_TOO_LOW",
+        "ALERT_PROTOCOL_VERSION",
+        "NO_APPLICATION_PROTOCOL",
+    ),
+}
+TLS_FAILURE_REASONS = (*_TLS_FAILURES, "other")
+
+
+def tls_failure_reason(error: ssl.SSLError) -> str:
+    """One of TLS_FAILURE_REASONS for OpenSSL's reason code of a failed handshake."""
+    code = (error.reason or "").upper()
+    for reason, codes in _TLS_FAILURES.items():
+        if any(part in code for part in codes):
+            return reason
+    return "other"
 
 
 @dataclass(frozen=True)
@@ -130,7 +172,8 @@ class TlsSource:
         self._files = (cert, key, *((client_ca,) if client_ca else ()))
         self._client_ca = client_ca
         self._stamp: tuple[tuple[int, int, int], ...] | None = None
-        self._context = self._load()  # a pair that does not load at start is a boot failure
+        # a pair that does not load at start is a boot failure
+        self._context, self.not_after = self._load()
         self._stamp = self._stamps()
 
     def _stamps(self) -> tuple[tuple[int, int, int], ...] | None:
@@ -140,7 +183,10 @@ class TlsSource:
             return None
         return tuple((info.st_ino, info.st_mtime_ns, info.st_size) for info in infos)
 
-    def _load(self) -> ssl.SSLContext:
+    def _load(self) -> tuple[ssl.SSLContext, float]:
+        """The context, and when its certificate ends (NaN if it cannot be read: a certificate
+        OpenSSL serves is served, whether this module can read its end or not)."""
+        pem = self._files[0].read_bytes()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(self._files[0]), str(self._files[1]))
@@ -148,7 +194,11 @@ class TlsSource:
             context.load_verify_locations(cafile=str(self._client_ca))
             context.verify_mode = ssl.CERT_REQUIRED
         context.set_alpn_protocols(["http/1.1"])
-        return context
+        try:
+            ends = certificates.not_after(pem)
+        except certificates.NotACertificate:
+            ends = math.nan
+        return context, ends
 
     def context(self) -> ssl.SSLContext:
         """The current context: the files' if they changed and load as a pair, else the last."""
@@ -156,10 +206,10 @@ class TlsSource:
         if before is None or before == self._stamp:
             return self._context
         try:
-            context = self._load()
+            context, ends = self._load()
         except (OSError, ssl.SSLError, ValueError):
             return self._context  # straddled a swap, or a file is missing for a moment
-        self._context = context
+        self._context, self.not_after = context, ends
         if self._stamps() == before:  # nothing moved while it was read: this generation is done
             self._stamp = before
         return context
@@ -197,6 +247,7 @@ class Edge:
         max_connections: int,
         tls: TlsSource | None = None,
         on_drop: Callable[[str], None] = lambda reason: None,
+        on_tls_failure: Callable[[str], None] = lambda reason: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._selector = selector
@@ -206,6 +257,7 @@ class Edge:
         self._max_connections = max_connections
         self._tls = tls
         self._on_drop = on_drop
+        self._on_tls_failure = on_tls_failure
         self._clock = clock
         # Each in the order of its deadlines (every connection of a state has the same timeout,
         # counted from when it entered it): expiry and "oldest first" both read from the front.
@@ -380,7 +432,9 @@ class Edge:
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError):
             self._forget(connection)  # the peer went away
             return
-        except (ssl.SSLError, OSError):
+        except (ssl.SSLError, OSError) as error:
+            if not connection.handshaken and isinstance(error, ssl.SSLError):
+                self._on_tls_failure(tls_failure_reason(error))
             self.drop(connection, "handshake_failed" if not connection.handshaken else "malformed")
             return
         end = head_end + 4

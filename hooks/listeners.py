@@ -121,6 +121,10 @@ class Listener:
             if metrics is not None:
                 metrics.connections_dropped.labels(listener=name, reason=reason).inc()
 
+        def tls_failed(reason: str) -> None:
+            if metrics is not None:
+                metrics.tls_handshake_failures.labels(listener=name, reason=reason).inc()
+
         self._edge = edge.Edge(
             self._selector,
             self._answer,
@@ -129,9 +133,12 @@ class Listener:
             max_connections=MAX_CONNECTIONS,
             tls=tls,
             on_drop=dropped,
+            on_tls_failure=tls_failed,
         )
         if metrics is not None:
             metrics.watch_connections(name, self._edge.counts)
+            if tls is not None:
+                metrics.watch_tls(name, lambda: tls.not_after)
         self._selector.register(self._socket, selectors.EVENT_READ, self._accept)
         self._selector.register(self._wake_read, selectors.EVENT_READ, self._woken)
         self.thread = threading.Thread(target=self._run, name=f"listener :{port}", daemon=True)

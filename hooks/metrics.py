@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hooks.answer import ClassComputation, LicenseCopiesObserved, Observation
-from hooks.edge import DROP_REASONS
+from hooks.edge import DROP_REASONS, TLS_FAILURE_REASONS
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
 
@@ -258,6 +258,20 @@ class Metrics:
         for listener in LISTENERS:
             for reason in DROP_REASONS:
                 self.connections_dropped.labels(listener=listener, reason=reason)
+        self.tls_handshake_failures = Counter(
+            "cozystack_gpu_hook_tls_handshake_failures_total",
+            "TLS handshakes that failed, by listener (hooks, metrics) and reason "
+            "(certificate_rejected, client_certificate, plain_http, protocol, other)",
+            ["listener", "reason"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "cozystack_gpu_hook_certificate_expiry_timestamp_seconds",
+            "When the certificate each TLS listener serves ends (Unix time); it is read again "
+            "on the first connection after its files change",
+            ["listener"],
+            registry=self.registry,
+        )
         self._connections = ConnectionCollector()
         self.registry.register(self._connections)
 
@@ -303,6 +317,13 @@ class Metrics:
     def watch_connections(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
         """Read a listener's open connections by state at each scrape."""
         self._connections.watch(listener, counts)
+
+    def watch_tls(self, listener: str, not_after: Callable[[], float]) -> None:
+        """A TLS listener: its handshake failures by reason (all at zero from the start), and
+        the end of the certificate it serves, read at each scrape."""
+        for reason in TLS_FAILURE_REASONS:
+            self.tls_handshake_failures.labels(listener=listener, reason=reason)
+        self.certificate_expiry.labels(listener=listener).set_function(not_after)
 
     def watch_memory(self, budget: MemoryBudget | None) -> None:
         """Export the budget, and read what is reserved and waiting at each scrape."""

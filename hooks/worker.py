@@ -91,8 +91,13 @@ class HookWorker(ThreadWorker):
             max_connections=settings.max_connections,
             tls=tls,
             on_drop=lambda reason: metrics.connections_dropped.labels(LISTENER, reason).inc(),
+            on_tls_failure=lambda reason: metrics.tls_handshake_failures.labels(
+                LISTENER, reason
+            ).inc(),
         )
         metrics.watch_connections(LISTENER, self._edge.counts)
+        if tls is not None:
+            metrics.watch_tls(LISTENER, lambda: tls.not_after)
         _raise_open_files_limit(settings.max_connections + 256)
 
     # -- the loop ------------------------------------------------------------------------------

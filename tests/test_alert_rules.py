@@ -50,6 +50,16 @@ def dropped(listener: str, reason: str) -> str:
     return f"cozystack_gpu_hook_connections_dropped_total{{{labels}}}"
 
 
+def expiry(listener: str) -> str:
+    labels = f'listener="{listener}", instance="a"'
+    return f"cozystack_gpu_hook_certificate_expiry_timestamp_seconds{{{labels}}}"
+
+
+def tls_failures(listener: str, reason: str) -> str:
+    labels = f'listener="{listener}", reason="{reason}", instance="a"'
+    return f"cozystack_gpu_hook_tls_handshake_failures_total{{{labels}}}"
+
+
 CASES = [
     Case(
         "GPUClassNotReady",
@@ -194,6 +204,27 @@ CASES = [
         fires_at="22m",
         labels={"listener": "hooks", "reason": "head_deadline"},
         summary="The hooks port drops more than ten connections a minute (head_deadline)",
+    ),
+    Case(
+        "GPUClassHookCertificateExpiresSoon",
+        # promtool's clock starts at 0: a certificate ending at day 13 against one at day 60
+        firing=[(expiry("hooks"), f"{13 * 86400}x120")],
+        quiet=[(expiry("hooks"), f"{60 * 86400}x120")],
+        quiet_until="50m",
+        fires_at="70m",
+        labels={"listener": "hooks"},
+        summary="A hook replica serves a certificate on its hooks port that ends within 14 days",
+    ),
+    Case(
+        "GPUClassHookTLSHandshakeFailures",
+        firing=[(tls_failures("hooks", "certificate_rejected"), "0+5x40")],
+        quiet=[(tls_failures("hooks", "certificate_rejected"), "0+0x40")],
+        quiet_until="8m",
+        fires_at="22m",
+        labels={"listener": "hooks", "reason": "certificate_rejected"},
+        summary=(
+            "TLS handshakes on the hooks port fail more than once a minute (certificate_rejected)"
+        ),
     ),
 ]
 

@@ -10,11 +10,13 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trustme
+from cryptography import x509
 
 from hooks import edge
 from hooks.auth import TokenFile
@@ -232,7 +234,7 @@ def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_
     load = edge.TlsSource._load
     failed: list[bool] = []
 
-    def straddled(self: edge.TlsSource) -> ssl.SSLContext:
+    def straddled(self: edge.TlsSource) -> tuple[ssl.SSLContext, float]:
         if not failed:
             failed.append(True)
             raise ssl.SSLError("[X509: KEY_VALUES_MISMATCH] key values mismatch")
@@ -241,6 +243,26 @@ def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_
     monkeypatch.setattr(edge.TlsSource, "_load", straddled)
     assert served_names(source.context(), ca) == ["first.test"]
     assert served_names(source.context(), ca) == ["second.test"]
+
+
+def test_the_end_of_the_served_certificate_follows_a_renewal(
+    volume: tuple[Path, trustme.CA],
+) -> None:
+    """The expiry gauge reads `not_after`: the certificate being served, not the files'."""
+    folder, ca = volume
+    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
+    first = cryptography_not_after((folder / "tls.crt").read_bytes())
+    assert source.not_after == first
+    later = datetime.fromtimestamp(first, UTC) + timedelta(days=300)
+    renewed = ca.issue_cert("127.0.0.1", "second.test", not_after=later)
+    swap(folder, write_generation(folder, "..gen2", renewed))
+    assert source.not_after == first  # nothing served it yet
+    source.context()
+    assert source.not_after == later.replace(microsecond=0).timestamp()
+
+
+def cryptography_not_after(pem: bytes) -> float:
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
 
 
 def test_a_certificate_that_does_not_load_at_start_fails_the_start(tmp_path: Path) -> None:
@@ -254,11 +276,18 @@ def test_a_certificate_that_does_not_load_at_start_fails_the_start(tmp_path: Pat
 class Loop:
     """An Edge on a selector, driven step by step from the test, with a clock the test sets."""
 
-    def __init__(self, *, max_connections: int = 8, head_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 8,
+        head_seconds: float = 5.0,
+        tls: edge.TlsSource | None = None,
+    ) -> None:
         self.now = 100.0
         self.selector = selectors.DefaultSelector()
         self.heads: list[tuple[edge.Connection, bytes, bytes]] = []
         self.drops: list[str] = []
+        self.tls_failures: list[str] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.setblocking(False)
         self.edge = edge.Edge(
@@ -267,7 +296,9 @@ class Loop:
             head_seconds=head_seconds,
             idle_seconds=3.0,
             max_connections=max_connections,
+            tls=tls,
             on_drop=self.drops.append,
+            on_tls_failure=self.tls_failures.append,
             clock=lambda: self.now,
         )
 
@@ -462,3 +493,89 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
         assert len(running.heads) == 1
     finally:
         running.close()
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, trustme.CA]:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    return tmp_path, ca
+
+
+def handshake(running: Loop, client: ssl.SSLContext | None) -> None:
+    """A client's handshake with the loop's edge (plain HTTP when `client` is None), driven
+    until one side gives up."""
+    raw = running.connect()
+    if client is None:
+        raw.sendall(b"POST /status/sync HTTP/1.1\r\nHost: x\r\n\r\n")
+        running.turn()
+        return
+    raw.setblocking(False)
+    tls = client.wrap_socket(raw, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+    deadline = time.monotonic() + 2
+    with tls:
+        while time.monotonic() < deadline and not running.tls_failures:
+            try:
+                tls.do_handshake()
+                tls.setblocking(True)
+                tls.sendall(b"x")  # TLS 1.3: the server judges the client's certificate late
+                running.turn()
+                tls.setblocking(False)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                running.turn(1)
+            except (ssl.SSLError, OSError):
+                running.turn()
+                break
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("a client trusting another CA", "certificate_rejected"),
+        ("plain HTTP on the TLS port", "plain_http"),
+        ("no client certificate where one is required", "client_certificate"),
+    ],
+)
+def test_a_failed_handshake_is_counted_by_whom_it_points_at(
+    tls_files: tuple[Path, trustme.CA], case: str, reason: str
+) -> None:
+    folder, ca = tls_files
+    client_ca = folder / "ca.crt" if reason == "client_certificate" else None
+    running = Loop(tls=edge.TlsSource(folder / "tls.crt", folder / "tls.key", client_ca))
+    client: ssl.SSLContext | None = ssl.create_default_context()
+    (trustme.CA() if reason == "certificate_rejected" else ca).configure_trust(client)
+    if reason == "plain_http":
+        client = None
+    try:
+        handshake(running, client)
+        assert running.tls_failures == [reason], case
+        assert running.drops == ["handshake_failed"]
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("TLSV1_ALERT_UNKNOWN_CA", "certificate_rejected"),
+        ("SSLV3_ALERT_CERTIFICATE_EXPIRED", "certificate_rejected"),
+        ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "client_certificate"),
+        ("CERTIFICATE_VERIFY_FAILED", "client_certificate"),
+        ("HTTP_REQUEST", "plain_http"),
+        ("WRONG_VERSION_NUMBER", "protocol"),
+        ("NO_SHARED_CIPHER", "protocol"),
+        ("UNSUPPORTED_PROTOCOL", "protocol"),
+        ("SOMETHING_NEW", "other"),
+        (None, "other"),
+    ],
+)
+def test_each_openssl_reason_of_a_failed_handshake_maps_to_one_bounded_reason(
+    code: str | None, reason: str
+) -> None:
+    error = ssl.SSLError(1, "failed")
+    error.reason = code  # type: ignore[misc]
+    assert edge.tls_failure_reason(error) == reason
+    assert reason in edge.TLS_FAILURE_REASONS

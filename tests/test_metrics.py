@@ -289,6 +289,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
     metrics.kubevirt_reads.labels(outcome="found").inc()
     metrics.apart_calls.labels(outcome="answered").inc()
     metrics.watch_connections("hooks", lambda: {"idle": 1})
+    metrics.watch_tls("hooks", lambda: 2e9)
     assert exported_families(metrics) == FAMILIES.read_text().splitlines()
 
 

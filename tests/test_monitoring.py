@@ -79,6 +79,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
             ),
         )
         client.post("/status/sync", data=b"not json")
+        metrics.watch_tls("hooks", lambda: 2e9)  # what a TLS listener registers
         text = metrics.exposition()[0].decode()
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
@@ -219,6 +220,8 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
     names = {r["alert"] for r in rules()}
     assert names == {
         "GPUClassHookConnectionsDropped",
+        "GPUClassHookCertificateExpiresSoon",
+        "GPUClassHookTLSHandshakeFailures",
         "GPUClassNotReady",
         "GPUClassLicenseSecretMissing",
         "GPUClassLicenseCopyConflict",

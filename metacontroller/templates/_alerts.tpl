@@ -128,4 +128,22 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: {{ `The {{ $labels.listener }} port drops more than ten connections a minute ({{ $labels.reason }})` | quote }}
       description: "Connections close before they complete their TLS handshake and headers within the head deadline, or past the cap on open connections. Callers on the cluster network send a head in milliseconds: this is a client holding connections on purpose, or a broken one. Hook calls keep their threads meanwhile."
       runbook_url: {{ printf "%s#gpuclasshookconnectionsdropped" $runbooks | quote }}
+  - alert: GPUClassHookCertificateExpiresSoon
+    expr: min by (listener) (cozystack_gpu_hook_certificate_expiry_timestamp_seconds) - time() < 14 * 86400
+    for: 1h
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `A hook replica serves a certificate on its {{ $labels.listener }} port that ends within 14 days` | quote }}
+      description: "The certificate was not renewed, or a pod still serves the old one: once it ends, Metacontroller and the API server refuse it and every hook and admission call fails. Check the Certificate's status (kubectl describe certificate) or the Secret named in tls.existingSecret, then the pods' mounted files."
+      runbook_url: {{ printf "%s#gpuclasshookcertificateexpiressoon" $runbooks | quote }}
+  - alert: GPUClassHookTLSHandshakeFailures
+    expr: sum by (listener, reason) (rate(cozystack_gpu_hook_tls_handshake_failures_total[10m])) * 60 > 1
+    for: 10m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `TLS handshakes on the {{ $labels.listener }} port fail more than once a minute ({{ $labels.reason }})` | quote }}
+      description: "certificate_rejected: a client does not trust the served certificate (after a CA rotation, Metacontroller or the API server was not given the new CA: tls.trustBundle, then helm upgrade). client_certificate: Metacontroller presents no client certificate or one the CA did not sign. plain_http: a caller speaks HTTP to the HTTPS port."
+      runbook_url: {{ printf "%s#gpuclasshooktlshandshakefailures" $runbooks | quote }}
 {{- end -}}
