@@ -53,6 +53,15 @@ def graceful_timeout_seconds(settings: Settings) -> float:
 
 def serve(args: argparse.Namespace) -> int:
     from gunicorn.app.base import BaseApplication
+    from gunicorn.glogging import Logger
+
+    class JsonGunicornLogger(Logger):
+        """gunicorn's own lines (boot, worker exits, timeouts) in the service's JSON format."""
+
+        def setup(self, cfg: Any) -> None:
+            super().setup(cfg)
+            for handler in self.error_log.handlers:
+                handler.setFormatter(logs.JsonFormatter())
 
     from hooks import forked, listeners
     from hooks.app import create_app, stale_after_seconds
@@ -69,7 +78,7 @@ def serve(args: argparse.Namespace) -> int:
     exported: list[Metrics] = []  # the worker's, made when it loads the app
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     guard = Guard(settings, tokens)
-    logs.configure()
+    logs.configure(settings.log_level)
     # Large calls are computed in other processes, but the threads reading their bodies still run
     # Python between reads, and a small call that needs the interpreter waits up to one switch
     # interval each time it does. 1 ms instead of 5 keeps customize hooks, license syncs and
@@ -92,7 +101,8 @@ def serve(args: argparse.Namespace) -> int:
                 "keepalive": 5,
                 "accesslog": None,
                 "errorlog": "-",
-                "loglevel": "warning",
+                "loglevel": settings.log_level,
+                "logger_class": JsonGunicornLogger,
                 "worker_tmp_dir": args.worker_tmp_dir,
             }
             if settings.tls_cert_file is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -167,6 +167,12 @@ class Settings(BaseSettings):
         "head are dropped first, then the oldest idle ones, never a call in progress",
         not_in_chart="bounded by the file descriptors of the pod, not by the install",
         ge=16,
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = setting(
+        "info",
+        "the least severe log lines written (debug, info, warning, error), the serving "
+        "stack's (gunicorn's) included; one JSON line each",
+        chart="logLevel",
     )
     shutdown_delay_seconds: float = setting(
         5.0,

@@ -274,6 +274,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
+        "GPUCLASS_LOG_LEVEL": "info",
         "GPUCLASS_MEMORY_WAIT_SECONDS": "20",
     }
     # Every variable the chart sets is a real setting, and every value parses.

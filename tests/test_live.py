@@ -110,3 +110,27 @@ def test_metrics_of_the_live_server_hold_one_value_per_series(
         "cozystack_gpu_hook_requests_total",
         (("code", "200"), ("route", "/status/sync")),
     ) in samples
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_every_line_the_server_writes_is_json_from_the_set_level(
+    apiserver: FakeApiServer, token_file: Path, tmp_path: Path, level: str
+) -> None:
+    """gunicorn's own lines (boot, signals, shutdown) in the service's format, so that one log
+    pipeline parses every line; GPUCLASS_LOG_LEVEL holds back both kinds below it."""
+    env = {
+        "GPUCLASS_KUBE_API": apiserver.url,
+        "GPUCLASS_KUBE_TOKEN_FILE": str(token_file),
+        "GPUCLASS_LOG_LEVEL": level,
+    }
+    body = (EXAMPLES / "status-sync.json").read_bytes()
+    with live_server(env, tmp_path, args=("--threads", "4")) as server:
+        assert requests.post(f"{server.url}/status/sync", data=body, timeout=10).ok
+    lines = [json.loads(line) for line in server.logs().splitlines()]
+    levels = {line["level"] for line in lines}
+    gunicorn = [line for line in lines if line.get("logger") == "gunicorn.error"]
+    if level == "info":
+        assert "info" in levels and gunicorn, lines
+        assert any(line["event"].startswith("Booting worker") for line in gunicorn)
+    else:
+        assert levels <= {"warning", "error", "critical"}, lines
