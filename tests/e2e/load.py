@@ -111,7 +111,10 @@ class Load:
             self._stop.set()
 
     def _metacontroller_sync_failures(self) -> list[str]:
-        done = self.cluster.kubectl("logs", "-n", "metacontroller", "metacontroller-0")
+        done = self.cluster.kubectl(
+            "logs", "-n", "metacontroller", "-l", "app.kubernetes.io/instance=metacontroller",
+            "--tail=-1",
+        )  # fmt: skip
         return [line for line in done.stdout.splitlines() if SYNC_FAILED in line]
 
     def _review(self) -> None:
