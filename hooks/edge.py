@@ -266,6 +266,9 @@ class Edge:
         self._closing: OrderedDict[Connection, None] = OrderedDict()
         self._in_call: set[Connection] = set()
         self._handshaking = 0
+        # When the last client certificate presented ends (NaN until one is): Metacontroller keeps
+        # presenting the one it read when it built its controllers, after cert-manager renewed it.
+        self.client_not_after = math.nan
 
     # -- what the owner calls ------------------------------------------------------------------
 
@@ -454,6 +457,9 @@ class Edge:
             )
         connection.sock.do_handshake()  # raises while it needs the peer
         connection.handshaken = True
+        ends = (connection.sock.getpeercert() or {}).get("notAfter")
+        if isinstance(ends, str):
+            self.client_not_after = ssl.cert_time_to_seconds(ends)
         connection.state = State.READING_HEADERS
         self._handshaking -= 1
 

@@ -265,6 +265,12 @@ class Metrics:
             ["listener", "reason"],
             registry=self.registry,
         )
+        self.client_certificate_expiry = Gauge(
+            "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds",
+            "When the client certificate last presented on the hook port ends (Unix time; "
+            "with client certificates required)",
+            registry=self.registry,
+        )
         self.certificate_expiry = Gauge(
             "cozystack_gpu_hook_certificate_expiry_timestamp_seconds",
             "When the certificate each TLS listener serves ends (Unix time); it is read again "
@@ -317,6 +323,10 @@ class Metrics:
     def watch_connections(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
         """Read a listener's open connections by state at each scrape."""
         self._connections.watch(listener, counts)
+
+    def watch_client_certificates(self, not_after: Callable[[], float]) -> None:
+        """The hook port with client certificates required: when the last one presented ends."""
+        self.client_certificate_expiry.set_function(not_after)
 
     def watch_tls(self, listener: str, not_after: Callable[[], float]) -> None:
         """A TLS listener: its handshake failures by reason (all at zero from the start), and

@@ -98,6 +98,9 @@ class HookWorker(ThreadWorker):
         metrics.watch_connections(LISTENER, self._edge.counts)
         if tls is not None:
             metrics.watch_tls(LISTENER, lambda: tls.not_after)
+        if settings.tls_client_ca_file is not None:
+            the_edge = self._edge
+            metrics.watch_client_certificates(lambda: the_edge.client_not_after)
         _raise_open_files_limit(settings.max_connections + 256)
 
     # -- the loop ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import requests
 import trustme
 
 from hooks.memory import LARGE_BODY_BYTES
+from hooks.wire.certificates import not_after
 from tests.apiserver import KUBEVIRT_PATH, FakeApiServer, kubevirt_cr
 from tests.builders import GPU
 from tests.live import live_server
@@ -98,6 +99,30 @@ def test_client_certificates_required_with_a_client_ca(
                 cert=(str(intruder), str(intruder)),
                 timeout=10,
             )
+        # What each TLS port serves, and what Metacontroller presented, seen before it ends; the
+        # refused handshakes counted by what they point at.
+        scraped = requests.get(f"{server.metrics}/metrics", verify=pki["ca"], timeout=10).text
+        ends = not_after(Path(pki["client"]).read_bytes())
+        served = not_after(Path(pki["cert"]).read_bytes())
+        assert (
+            sample(scraped, "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds")
+            == ends
+        )
+        for listener in ("hooks", "metrics"):
+            expiry = (
+                f'cozystack_gpu_hook_certificate_expiry_timestamp_seconds{{listener="{listener}"}}'
+            )
+            assert sample(scraped, expiry) == served
+        failed = (
+            "cozystack_gpu_hook_tls_handshake_failures_total"
+            '{listener="hooks",reason="client_certificate"}'
+        )
+        assert sample(scraped, failed) == 2
+
+
+def sample(exposition: str, series: str) -> float:
+    [line] = [line for line in exposition.splitlines() if line.startswith(series + " ")]
+    return float(line.split()[-1])
 
 
 def test_sigterm_turns_readiness_false_then_drains_in_flight_calls(

@@ -38,13 +38,14 @@ class Api:
     def __init__(self, cluster: Cluster) -> None:
         config = yaml.safe_load((cluster.directory / "kubeconfig").read_text())
         self.server: str = config["clusters"][0]["cluster"]["server"]
+        self.ca: str = config["clusters"][0]["cluster"]["certificate-authority"]
         self.session = requests.Session()
-        self.session.verify = config["clusters"][0]["cluster"]["certificate-authority"]
         self.session.headers["Authorization"] = f"Bearer {config['users'][0]['user']['token']}"
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         kwargs.setdefault("timeout", 30)
-        return self.session.request(method, self.server + path, **kwargs)
+        # per request: a session's verify loses to REQUESTS_CA_BUNDLE from the environment
+        return self.session.request(method, self.server + path, verify=self.ca, **kwargs)
 
 
 @dataclass
