@@ -55,6 +55,10 @@ def expiry(listener: str) -> str:
     return f"cozystack_gpu_hook_certificate_expiry_timestamp_seconds{{{labels}}}"
 
 
+def client_expiry() -> str:
+    return 'cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds{instance="a"}'
+
+
 def tls_failures(listener: str, reason: str) -> str:
     labels = f'listener="{listener}", reason="{reason}", instance="a"'
     return f"cozystack_gpu_hook_tls_handshake_failures_total{{{labels}}}"
@@ -214,6 +218,16 @@ CASES = [
         fires_at="70m",
         labels={"listener": "hooks"},
         summary="A hook replica serves a certificate on its hooks port that ends within 14 days",
+    ),
+    Case(
+        "GPUClassHookClientCertificateExpiresSoon",
+        firing=[(client_expiry(), f"{13 * 86400}x120")],
+        quiet=[(client_expiry(), f"{60 * 86400}x120")],
+        quiet_until="50m",
+        fires_at="70m",
+        summary=(
+            "Metacontroller presents a client certificate to the hooks that ends within 14 days"
+        ),
     ),
     Case(
         "GPUClassHookTLSHandshakeFailures",

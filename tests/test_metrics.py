@@ -290,6 +290,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
     metrics.apart_calls.labels(outcome="answered").inc()
     metrics.watch_connections("hooks", lambda: {"idle": 1})
     metrics.watch_tls("hooks", lambda: 2e9)
+    metrics.watch_client_certificates(lambda: 2e9)
     assert exported_families(metrics) == FAMILIES.read_text().splitlines()
 
 

@@ -80,6 +80,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
         )
         client.post("/status/sync", data=b"not json")
         metrics.watch_tls("hooks", lambda: 2e9)  # what a TLS listener registers
+        metrics.watch_client_certificates(lambda: 2e9)  # what a TLS listener registers
         text = metrics.exposition()[0].decode()
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
@@ -221,6 +222,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
     assert names == {
         "GPUClassHookConnectionsDropped",
         "GPUClassHookCertificateExpiresSoon",
+        "GPUClassHookClientCertificateExpiresSoon",
         "GPUClassHookTLSHandshakeFailures",
         "GPUClassNotReady",
         "GPUClassLicenseSecretMissing",

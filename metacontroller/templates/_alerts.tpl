@@ -137,6 +137,15 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: {{ `A hook replica serves a certificate on its {{ $labels.listener }} port that ends within 14 days` | quote }}
       description: "The certificate was not renewed, or a pod still serves the old one: once it ends, Metacontroller and the API server refuse it and every hook and admission call fails. Check the Certificate's status (kubectl describe certificate) or the Secret named in tls.existingSecret, then the pods' mounted files."
       runbook_url: {{ printf "%s#gpuclasshookcertificateexpiressoon" $runbooks | quote }}
+  - alert: GPUClassHookClientCertificateExpiresSoon
+    expr: min(cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds) - time() < 14 * 86400
+    for: 1h
+    labels:
+      severity: warning
+    annotations:
+      summary: "Metacontroller presents a client certificate to the hooks that ends within 14 days"
+      description: "Metacontroller presents the client certificate it read when it built the controllers, though cert-manager has renewed it: rebuild them (helm upgrade --reuse-values changes the hook URLs) or restart Metacontroller. Once it ends, every hook call is refused."
+      runbook_url: {{ printf "%s#gpuclasshookclientcertificateexpiressoon" $runbooks | quote }}
   - alert: GPUClassHookTLSHandshakeFailures
     expr: sum by (listener, reason) (rate(cozystack_gpu_hook_tls_handshake_failures_total[10m])) * 60 > 1
     for: 10m
