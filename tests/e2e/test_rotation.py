@@ -13,9 +13,10 @@ import json
 import time
 from pathlib import Path
 
+from hooks.wire.certificates import not_after
 from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster, wait_for
 from tests.e2e.load import SETTLE_SECONDS, cost_nothing, hook_pods, scenario_load
-from tests.e2e.steps import OPERATING, doc_block, run_block
+from tests.e2e.steps import OPERATING, doc_block, run_block, upgrade
 
 # Long enough for syncs of both controllers and a few dozen reviews, all with the new credential.
 AFTER_SECONDS = 15
@@ -33,6 +34,21 @@ def rotate(cluster: Cluster, scenario: str, block: str, workdir: Path) -> None:
     with scenario_load(cluster) as after:
         time.sleep(AFTER_SECONDS)
     cost_nothing(cluster, f"{scenario}-after", after.outcomes)
+
+
+def renew(cluster: Cluster, certificate: str) -> None:
+    """What `cmctl renew` does, and cert-manager itself `renewBefore` the end."""
+    issuing = {
+        "type": "Issuing",
+        "status": "True",
+        "reason": "ManuallyTriggered",
+        "message": "e2e renewal",
+    }
+    cluster.kubectl(
+        "-n", NAMESPACE, "patch", "certificate", certificate, "--subresource", "status",
+        "--type", "json", "-p",
+        json.dumps([{"op": "add", "path": "/status/conditions/-", "value": issuing}]),
+    )  # fmt: skip
 
 
 def served_certificates(cluster: Cluster) -> set[str]:
@@ -63,19 +79,9 @@ def test_a_renewed_serving_certificate_refuses_no_call(
     """What cert-manager does `renewBefore` the end: a new certificate from the same CA, which the
     pods serve once the kubelet has swapped their Secret volume. Nothing to run but the trigger."""
     before = (cluster.secret_data(NAMESPACE, TLS_SECRET) or {})["tls.crt"]
-    issuing = {
-        "type": "Issuing",
-        "status": "True",
-        "reason": "ManuallyTriggered",
-        "message": "e2e renewal",
-    }
     with scenario_load(cluster) as during:
         time.sleep(SETTLE_SECONDS)
-        cluster.kubectl(
-            "-n", NAMESPACE, "patch", "certificate", TLS_SECRET, "--subresource", "status",
-            "--type", "json", "-p",
-            json.dumps([{"op": "add", "path": "/status/conditions/-", "value": issuing}]),
-        )  # fmt: skip
+        renew(cluster, TLS_SECRET)
         renewed = wait_for(
             "the renewed certificate",
             lambda: (
@@ -105,3 +111,55 @@ def test_a_ca_rotation_as_documented_refuses_no_call(
         assert hook["webhook"]["caBundle"] == {"inline": new_ca.decode()}
     webhooks = cluster.get("validatingwebhookconfiguration", RELEASE)["webhooks"]
     assert {base64.b64decode(w["clientConfig"]["caBundle"]) for w in webhooks} == {new_ca}
+
+
+def presented_client_certificate_ends(cluster: Cluster) -> set[float]:
+    """What each hook pod last saw Metacontroller present, from its metrics (through the API
+    server's pod proxy, which does not verify the pod's certificate)."""
+    ends = set()
+    for pod in hook_pods(cluster):
+        name = pod["metadata"]["name"]
+        scraped = cluster.kubectl(
+            "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/https:{name}:9090/proxy/metrics"
+        ).stdout
+        for line in scraped.splitlines():
+            if line.startswith("cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds "):
+                ends.add(float(line.split()[-1]))
+    return ends
+
+
+def test_a_client_certificate_rotation_as_documented_refuses_no_call(
+    cluster: Cluster, serving: None, tmp_path: Path
+) -> None:
+    """With `tls.clientAuth` (admission off: the API server presents no client certificate):
+    cert-manager renews Metacontroller's certificate, and the documented upgrade makes
+    Metacontroller present the new one."""
+    client_secret = f"{RELEASE}-client"
+    upgrade(cluster, "admission.enabled=false", "tls.clientAuth.enabled=true")
+    first = wait_for(
+        "the client certificate", lambda: cluster.secret_data(NAMESPACE, client_secret)
+    )
+    wait_for(
+        "Metacontroller presenting it",
+        lambda: presented_client_certificate_ends(cluster) == {not_after(first["tls.crt"])},
+        seconds=180,
+    )
+    with scenario_load(cluster, admission=False) as during:
+        time.sleep(SETTLE_SECONDS)
+        renew(cluster, client_secret)
+        renewed = wait_for(
+            "the renewed client certificate",
+            lambda: (
+                (cluster.secret_data(NAMESPACE, client_secret) or {}).get("tls.crt")
+                != first["tls.crt"]
+                and cluster.secret_data(NAMESPACE, client_secret)
+            ),
+        )
+        run_block(cluster, doc_block("**Client certificate**", OPERATING), tmp_path)
+        wait_for(
+            "Metacontroller presenting the renewed one",
+            lambda: presented_client_certificate_ends(cluster) == {not_after(renewed["tls.crt"])},
+            seconds=180,
+        )
+        time.sleep(SETTLE_SECONDS)
+    cost_nothing(cluster, "client-certificate-rotation", during.outcomes)
