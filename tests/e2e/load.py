@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import requests
@@ -228,7 +228,10 @@ def hook_pods(cluster: Cluster) -> list[Any]:
 def cost_nothing(cluster: Cluster, scenario: str, outcomes: Outcomes) -> None:
     """Every review had its verdict, no sync failed, no copy went, and syncs ran throughout."""
     record = cluster.directory / "logs" / f"{scenario}.json"
-    record.write_text(json.dumps(asdict(outcomes), indent=2))
+    # not dataclasses.asdict: it rebuilds a Counter from its (key, count) pairs
+    record.write_text(
+        json.dumps({f.name: getattr(outcomes, f.name) for f in fields(outcomes)}, indent=2)
+    )
     assert outcomes.load_errors == []
     assert outcomes.review_failures == []
     if outcomes.admission:
