@@ -265,12 +265,6 @@ class Metrics:
             ["listener", "reason"],
             registry=self.registry,
         )
-        self.client_certificate_expiry = Gauge(
-            "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds",
-            "When the client certificate last presented on the hook port ends (Unix time; "
-            "with client certificates required)",
-            registry=self.registry,
-        )
         self.certificate_expiry = Gauge(
             "cozystack_gpu_hook_certificate_expiry_timestamp_seconds",
             "When the certificate each TLS listener serves ends (Unix time); it is read again "
@@ -325,8 +319,14 @@ class Metrics:
         self._connections.watch(listener, counts)
 
     def watch_client_certificates(self, not_after: Callable[[], float]) -> None:
-        """The hook port with client certificates required: when the last one presented ends."""
-        self.client_certificate_expiry.set_function(not_after)
+        """The hook port with client certificates required: when the last one presented ends.
+        Exported only then: a series at 0 elsewhere would read as a certificate long ended."""
+        Gauge(
+            "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds",
+            "When the client certificate last presented on the hook port ends (Unix time; "
+            "with client certificates required)",
+            registry=self.registry,
+        ).set_function(not_after)
 
     def watch_tls(self, listener: str, not_after: Callable[[], float]) -> None:
         """A TLS listener: its handshake failures by reason (all at zero from the start), and

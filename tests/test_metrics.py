@@ -343,3 +343,13 @@ def test_counters_of_known_outcomes_are_exported_at_zero_before_the_first(metric
     assert series(samples, "cozystack_gpu_budget_reviews_total") == {
         labels(verdict=verdict): 0.0 for verdict in ("allowed", "denied", "failed_closed")
     }
+
+
+def test_no_client_certificate_series_unless_client_certificates_are_required() -> None:
+    """A series at its default 0 would read as a certificate that ended in 1970, and the
+    expiry alert would fire on every install without `tls.clientAuth`."""
+    name = "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds"
+    metrics = Metrics(180.0)
+    assert name not in metrics.exposition()[0].decode()
+    metrics.watch_client_certificates(lambda: 2e9)
+    assert f"{name} 2e+09" in metrics.exposition()[0].decode()
