@@ -32,6 +32,14 @@ DENIED_BY_THE_WEBHOOK = 'admission webhook "gpu-budget.gpuclass.cozystack.io" de
 SYNC_FAILED = "failed to sync gpuclass-"
 
 
+def message(answer: requests.Response) -> str:
+    """The message of the API server's Status (JSON: its quotes are escaped in the raw text)."""
+    try:
+        return str(answer.json().get("message", ""))
+    except ValueError:
+        return answer.text
+
+
 class Api:
     """The cluster's API server as the kubeconfig the tests run with reaches it."""
 
@@ -137,7 +145,7 @@ class Load:
                     continue
                 if answer.status_code == 201:
                     outcome = "allowed"
-                elif answer.status_code == 403 and DENIED_BY_THE_WEBHOOK in answer.text:
+                elif answer.status_code == 403 and DENIED_BY_THE_WEBHOOK in message(answer):
                     outcome = "denied"
                 else:
                     outcome = f"{answer.status_code}"
