@@ -233,6 +233,19 @@ def hook_pods(cluster: Cluster) -> list[Any]:
     return [pod for pod, owners in owned if any(o["kind"] == "ReplicaSet" for o in owners)]
 
 
+def serving_pods(cluster: Cluster) -> list[Any]:
+    """The Deployment's pods the Service routes to: Ready and not terminating."""
+    return [
+        pod
+        for pod in hook_pods(cluster)
+        if "deletionTimestamp" not in pod["metadata"]
+        and any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in pod["status"].get("conditions", [])
+        )
+    ]
+
+
 def cost_nothing(cluster: Cluster, scenario: str, outcomes: Outcomes) -> None:
     """Every review had its verdict, no sync failed, no copy went, and syncs ran throughout."""
     record = cluster.directory / "logs" / f"{scenario}.json"

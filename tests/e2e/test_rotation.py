@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 from pathlib import Path
 
 from hooks.wire.certificates import not_after
-from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster, wait_for
-from tests.e2e.load import SETTLE_SECONDS, cost_nothing, hook_pods, scenario_load
+from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster, CommandFailed, wait_for
+from tests.e2e.load import SETTLE_SECONDS, cost_nothing, scenario_load, serving_pods
 from tests.e2e.steps import OPERATING, doc_block, run_block, upgrade
 
 # Long enough for syncs of both controllers and a few dozen reviews, all with the new credential.
@@ -52,13 +53,13 @@ def renew(cluster: Cluster, certificate: str) -> None:
 
 
 def served_certificates(cluster: Cluster) -> set[str]:
-    """The serving certificate each hook pod holds in its Secret volume."""
+    """The serving certificate each serving hook pod holds in its Secret volume."""
     return {
         cluster.kubectl(
             "-n", NAMESPACE, "exec", pod["metadata"]["name"], "--",
             "cat", "/etc/gpuclass-hooks/tls/tls.crt",
         ).stdout
-        for pod in hook_pods(cluster)
+        for pod in serving_pods(cluster)
     }  # fmt: skip
 
 
@@ -113,15 +114,21 @@ def test_a_ca_rotation_as_documented_refuses_no_call(
     assert {base64.b64decode(w["clientConfig"]["caBundle"]) for w in webhooks} == {new_ca}
 
 
-def presented_client_certificate_ends(cluster: Cluster) -> set[float]:
-    """What each hook pod last saw Metacontroller present, from its metrics (through the API
-    server's pod proxy, which does not verify the pod's certificate)."""
+def presented_client_certificate_ends(cluster: Cluster) -> set[float] | None:
+    """What each serving hook pod last saw Metacontroller present, from its metrics (through the
+    API server's pod proxy, which does not verify the pod's certificate); None while a pod is
+    out of reach (a rollout can end one between the listing and the scrape)."""
     ends = set()
-    for pod in hook_pods(cluster):
+    for pod in serving_pods(cluster):
         name = pod["metadata"]["name"]
-        scraped = cluster.kubectl(
-            "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/https:{name}:9090/proxy/metrics"
-        ).stdout
+        try:
+            scraped = cluster.kubectl(
+                "get", "--raw",
+                f"/api/v1/namespaces/{NAMESPACE}/pods/https:{name}:9090/proxy/metrics",
+                timeout=30,
+            ).stdout  # fmt: skip
+        except (CommandFailed, subprocess.TimeoutExpired):
+            return None
         for line in scraped.splitlines():
             if line.startswith("cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds "):
                 ends.add(float(line.split()[-1]))
