@@ -71,7 +71,7 @@ def test_helm_lint_passes() -> None:
 @pytest.mark.parametrize(
     ("enabled", "variant", "expected"),
     [
-        (None, "", "false"),
+        (None, "", "true"),
         (None, "default", "true"),
         (None, "vgpu", "true"),
         (None, "container", "false"),
@@ -127,7 +127,7 @@ def test_settings_checksum_changes_hook_urls_when_customize_settings_change(
     before = {h["webhook"]["url"] for h in hooks_of(default_render).values()}
     for change in (
         "selectors.nodes=nvidia.com/gpu.present=true",
-        "gpu.enabled=true",
+        "gpu.enabled=false",
         "license.namespaceLabel=x/y",
     ):
         after = {h["webhook"]["url"] for h in hooks_of(render(change)).values()}
@@ -216,7 +216,7 @@ def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> No
     and without the hooks' client certificate, so probes are real HTTP checks even under mTLS."""
     container = container_of(render(*sets))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"http": 8080, "health": 8081, "metrics": 9090}
+    assert ports == {"hooks": 8080, "health": 8081, "metrics": 9090}
     assert "--health-port=8081" in container["args"]
     assert "--metrics-port=9090" in container["args"]
     served = set(listeners.health_routes(listeners.ServiceState()))
@@ -230,6 +230,47 @@ def test_the_service_exposes_the_metrics_port(default_render: list[dict[str, Any
     ports = {p["name"]: p for p in one(default_render, "Service")["spec"]["ports"]}
     assert ports["metrics"]["targetPort"] == "metrics"
     assert set(listeners.metrics_routes(Metrics(1.0), None)) == {"/metrics"}
+
+
+@pytest.mark.parametrize(
+    ("sets", "scheme", "port"),
+    [
+        (("admission.enabled=true",), "https", 443),
+        (("tls.enabled=false", "auth.enabled=false"), "http", 80),
+        (("admission.enabled=true", "service.port=8443"), "https", 8443),
+    ],
+)
+def test_the_hook_service_port_is_named_after_its_scheme_and_every_caller_uses_it(
+    sets: tuple[str, ...], scheme: str, port: int
+) -> None:
+    documents = render(*sets)
+    ports = {p["name"]: p for p in one(documents, "Service")["spec"]["ports"]}
+    assert ports[scheme] == {"name": scheme, "port": port, "targetPort": "hooks", "protocol": "TCP"}
+    container_ports = {p["name"] for p in container_of(documents)["ports"]}
+    assert "hooks" in container_ports
+    for hook in hooks_of(documents).values():
+        url = urlparse(hook["webhook"]["url"])
+        assert (url.scheme, url.port) == (scheme, port)
+    for configuration in by_kind(documents, "ValidatingWebhookConfiguration"):
+        webhooks = configuration["webhooks"]
+        assert {w["clientConfig"]["service"]["port"] for w in webhooks} == {port}
+    check = one(documents, "Pod")["spec"]["containers"][0]["args"][1]
+    assert urlparse(check).port == port
+
+
+def test_an_upgrade_from_port_80_keeps_the_old_port_until_told_to_drop_it() -> None:
+    """Metacontroller and the API server call the new port only once they see the new spec: the
+    port callers configured by an earlier release used stays routed to the hooks meanwhile."""
+    ports = {p["name"]: p for p in one(render(), "Service")["spec"]["ports"]}
+    assert ports["https-previous"] == {
+        "name": "https-previous", "port": 80, "targetPort": "hooks", "protocol": "TCP"
+    }  # fmt: skip
+    dropped = {
+        p["name"] for p in one(render("service.previousPort=null"), "Service")["spec"]["ports"]
+    }
+    assert dropped == {"https", "metrics"}
+    same = {p["name"] for p in one(render("service.port=80"), "Service")["spec"]["ports"]}
+    assert same == {"https", "metrics"}
 
 
 @pytest.mark.parametrize(("timeout", "seconds"), [("30s", 30), ("2m", 120), ("1500ms", 2)])
@@ -259,7 +300,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
     assert container_of(default_render)["name"] == "hooks"
     assert container_of(default_render)["resources"]["limits"]["memory"] == "2Gi"
     assert env == {
-        "GPUCLASS_ENABLED": "false",
+        "GPUCLASS_ENABLED": "true",
         "GPUCLASS_KUBEVIRT_NAMESPACE": "cozy-kubevirt",
         "GPUCLASS_KUBEVIRT_NAME": "kubevirt",
         "GPUCLASS_NODE_SELECTOR": "",

@@ -703,6 +703,57 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
 
 
 @pytest.mark.tools
+def test_an_upgrade_that_leaves_the_gpu_switch_out_keeps_gpu_features_on(
+    hook_pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Turning GPU features off deletes every license copy: an upgrade without `--reuse-values`
+    that repeats neither `gpu.enabled` nor the variant (only the Secret it must name) keeps them
+    on, and only the explicit word turns them off. On a control plane of its own."""
+    release, namespace = "keep", "cozy-gpu-keep"
+    fullname = f"{release}-gpuclass-hooks"
+    with control_plane(tmp_path) as kube:
+        kube.apply(*manifests("metacontroller-crds.yaml"))
+        kube.namespace(namespace)
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": f"{fullname}-tls", "namespace": namespace},
+                "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
+            }
+        )
+        base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
+        secret = f"tls.existingSecret={fullname}-tls"
+
+        def helm_upgrade(*values: str) -> str:
+            command = [helm(), "upgrade", "--install", release, str(CHART), *base]
+            for value in values:
+                command += ["--set", value]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=180)
+            assert result.returncode == 0, (values, result.stderr)
+            deployment = kube.request(
+                "GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}"
+            ).json()
+            [env] = [c["env"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+            controllers = [
+                kube.request("GET", f"/apis/metacontroller.k8s.io/v1alpha1/{kind}/{name}")
+                for kind, name in (
+                    ("compositecontrollers", "gpuclass-status"),
+                    ("decoratorcontrollers", "gpuclass-license"),
+                )
+            ]
+            assert [c.status_code for c in controllers] == [200, 200]
+            return next(e["value"] for e in env if e["name"] == "GPUCLASS_ENABLED")
+
+        assert helm_upgrade(secret, "gpuOperator.variant=vgpu") == "true"
+        assert helm_upgrade(secret) == "true"
+        assert helm_upgrade(secret, "gpuOperator.variant=container") == "false"
+        assert helm_upgrade(secret, "gpu.enabled=false") == "false"
+        assert helm_upgrade(secret) == "true"
+
+
+@pytest.mark.tools
 def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_upgrade(
     tmp_path: Path,
 ) -> None:

@@ -18,12 +18,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* GPU features: gpu.enabled when set, else on for the gpu-operator variants that serve VMs. */}}
+{{/*
+GPU features: gpu.enabled when set, else off only for a variant that serves no GPUs to VMs. Off
+deletes every license copy, so it takes an explicit word: an unset variant (an upgrade that forgot
+it, a render without the cluster) is on.
+*/}}
 {{- define "gpuclass-hooks.gpuEnabled" -}}
 {{- if kindIs "bool" .Values.gpu.enabled -}}
 {{- .Values.gpu.enabled -}}
 {{- else -}}
-{{- has .Values.gpuOperator.variant (list "default" "vgpu") -}}
+{{- ne .Values.gpuOperator.variant "container" -}}
 {{- end -}}
 {{- end -}}
 
@@ -71,7 +75,7 @@ short digest of them leaves the Secrets; a render without a cluster (helm templa
 {{- define "gpuclass-hooks.hookURL" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
-{{- printf "%s://%s.%s.svc:%d%s?cfg=%s&cred=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int $root.Values.service.port) $path (include "gpuclass-hooks.settingsChecksum" $root) (include "gpuclass-hooks.credentialsChecksum" $root) -}}
+{{- printf "%s://%s.%s.svc:%d%s?cfg=%s&cred=%s" (include "gpuclass-hooks.scheme" $root) (include "gpuclass-hooks.fullname" $root) $root.Release.Namespace (int (include "gpuclass-hooks.servicePort" $root)) $path (include "gpuclass-hooks.settingsChecksum" $root) (include "gpuclass-hooks.credentialsChecksum" $root) -}}
 {{- end -}}
 
 {{/* Metacontroller reads these credentials when it builds the controller (see docs/operating.md). */}}
@@ -150,6 +154,17 @@ true
 
 {{- define "gpuclass-hooks.scheme" -}}
 {{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The Service port of the hooks: service.port, else the scheme's own (443 or 80). */}}
+{{- define "gpuclass-hooks.servicePort" -}}
+{{- if .Values.service.port -}}
+{{- int .Values.service.port -}}
+{{- else if .Values.tls.enabled -}}
+443
+{{- else -}}
+80
+{{- end -}}
 {{- end -}}
 
 {{/* controllers.hookTimeout (a Go duration: Ns, Nm or Nms) in whole seconds, rounded up. */}}
