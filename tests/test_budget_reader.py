@@ -151,11 +151,39 @@ def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
         reader(settings).classes()  # not served at all: 404
 
 
+def test_an_app_without_gpus_entries_reserves_nothing_whatever_else_it_holds(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """Such apps pass the webhook's match conditions unjudged: stored, a field that multiplies
+    nothing must not make their pool fail closed. A Tenant reads only its quotas."""
+    apiserver.serve(
+        HELMRELEASES,
+        200,
+        list_of(
+            [
+                helmrelease("KubernetesNodes", "tenant-x", "neg", {"gpus": [], "maxReplicas": -1}),
+                helmrelease("VMInstance", "tenant-x", "odd", {"resourceQuotas": "x", "gpus": []}),
+                helmrelease("VMInstance", "tenant-x", "none", {"maxReplicas": "many"}),
+                helmrelease("Tenant", "tenant-root", "x", {"gpus": None, "resourceQuotas": {}}),
+            ]
+        ),
+    )
+    tenancy = reader(settings).tenancy(["tenant-x"])
+    assert [(a.name, a.gpus, a.unreadable) for a in tenancy.apps] == [
+        ("neg", (), None),
+        ("odd", (), None),
+        ("none", (), None),
+    ]
+    assert [(t.name, t.unreadable) for t in tenancy.tenants] == [("x", None)]
+
+
 def test_objects_that_do_not_decode_are_kept_and_named(
     settings: Settings, apiserver: FakeApiServer
 ) -> None:
     legacy = helmrelease("VMInstance", "tenant-x", "legacy", {"gpus": None})
-    negative = helmrelease("KubernetesNodes", "tenant-x", "neg", {"gpus": [], "maxReplicas": -1})
+    negative = helmrelease(
+        "KubernetesNodes", "tenant-x", "neg", {"gpus": [{"name": "x"}], "maxReplicas": -1}
+    )
     nameless = helmrelease("Tenant", "tenant-root", "n", {})
     del nameless["metadata"]["labels"]["apps.cozystack.io/application.name"]
     nameless["metadata"]["name"] = "legacy-n"  # a release name that names no tenant

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import msgspec
 
 from hooks.rules.budget.apps import AppCheck
 from hooks.rules.budget.declarations import (
@@ -34,9 +36,17 @@ from hooks.rules.budget.tenancy import (
 from hooks.rules.budget.verdicts import ALLOWED, FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
-from hooks.wire.cozystack import AppObject, decode_app_object
+from hooks.wire.cozystack import (
+    AppObject,
+    TenantObject,
+    decode_app_object,
+    decode_tenant_object,
+)
 from hooks.wire.kube import is_absent
 from hooks.wire.problems import BadRequest, Unreadable
+
+Reviewed = TypeVar("Reviewed", AppObject, TenantObject)
+Decode = Callable[[msgspec.Raw, str], Reviewed | None]
 
 APPS_GROUP = "apps.cozystack.io"
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")
@@ -63,25 +73,25 @@ class BudgetOutcome:
     failed_closed: bool = False  # denied because an input could not be read
 
 
-def _new_object(request: AdmissionRequest) -> AppObject:
-    new = decode_app_object(request.object, "object")
+def _new_object(request: AdmissionRequest, decode: Decode[Reviewed]) -> Reviewed:
+    new = decode(request.object, "object")
     if new is None:
         raise BadRequest("AdmissionReview request has no object")
     return new
 
 
-def _old_object(request: AdmissionRequest) -> AppObject | None:
+def _old_object(request: AdmissionRequest, decode: Decode[Reviewed]) -> Reviewed | None:
     """The old object is only the baseline of growth: when it does not decode, growth counts from
     zero, as on a create. It never causes a denial by itself."""
     if request.operation != "UPDATE":
         return None
     try:
-        return decode_app_object(request.old_object, "oldObject")
+        return decode(request.old_object, "oldObject")
     except BadRequest:
         return None
 
 
-def _name(request: AdmissionRequest, obj: AppObject) -> str:
+def _name(request: AdmissionRequest, obj: AppObject | TenantObject) -> str:
     return obj.metadata.name or request.name
 
 
@@ -131,12 +141,12 @@ def _unless_no_pool_applies(
 
 
 def _object_under_review(
-    request: AdmissionRequest, inputs: BudgetInputs
-) -> AppObject | BudgetOutcome:
+    request: AdmissionRequest, inputs: BudgetInputs, decode: Decode[Reviewed]
+) -> Reviewed | BudgetOutcome:
     """The object under review; when it does not decode, the review's outcome. A create or
     update without its object is a malformed review (BadRequest)."""
     try:
-        return _new_object(request)
+        return _new_object(request, decode)
     except BadRequest as undecodable:
         if is_absent(request.object):
             raise
@@ -148,10 +158,10 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
     if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
         return _outcome(request, ALLOWED)
     kind = request.kind.kind
-    new_obj = _object_under_review(request, inputs)
+    new_obj = _object_under_review(request, inputs, decode_app_object)
     if isinstance(new_obj, BudgetOutcome):
         return new_obj
-    old_obj = _old_object(request)
+    old_obj = _old_object(request, decode_app_object)
     name = _name(request, new_obj)
     new = app_from(new_obj.spec, request.namespace, kind, name)
     old = with_spec(new, old_obj.spec) if old_obj else None
@@ -179,10 +189,10 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
     if not _ours(request, (TENANT,)):
         return _outcome(request, ALLOWED)
     # (The pool a tenant carves out of is that of the namespace its release lives in.)
-    new_obj = _object_under_review(request, inputs)
+    new_obj = _object_under_review(request, inputs, decode_tenant_object)
     if isinstance(new_obj, BudgetOutcome):
         return new_obj
-    old_obj = _old_object(request)
+    old_obj = _old_object(request, decode_tenant_object)
     name = _name(request, new_obj)
     quotas = new_obj.spec.resource_quotas
     problem = quota_problem(quotas)

@@ -38,7 +38,16 @@ from hooks.rules.budget.tenancy import (
 )
 from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.settings import Settings
-from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL, AppSpec, HelmRelease, ReleaseHead
+from hooks.wire.cozystack import (
+    KIND_LABEL,
+    NAME_LABEL,
+    AppSpec,
+    HelmRelease,
+    ReleaseHead,
+    TenantSpec,
+    app_spec,
+    tenant_spec,
+)
 from hooks.wire.kube import GPUClass
 from hooks.wire.problems import Undecodable, Unreadable, decoded
 
@@ -66,10 +75,13 @@ _GPUCLASS = msgspec.json.Decoder(GPUClass)
 
 def release_object(raw: msgspec.Raw) -> Tenant | App:
     """One HelmRelease of the tenancy as a Tenant or an App, marked when it cannot be read."""
+    values: AppSpec | TenantSpec | None = None
     try:
         release = decoded(_RELEASE, raw)
         head: ReleaseHead = release
-        values: AppSpec | None = release.spec.values
+        kind = release.metadata.labels.get(KIND_LABEL, "")
+        read_values = tenant_spec if kind == TENANT else app_spec
+        values = read_values(release.spec.values, "spec.values")
         problem = None
         values_from = bool(release.spec.values_from)
         if values_from:
@@ -79,7 +91,7 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
                 "read"
             )
     except Undecodable as error:
-        values, problem, values_from = None, str(error), False
+        problem, values_from = str(error), False
         try:
             head = decoded(_HEAD, raw)
         except Undecodable:
@@ -91,7 +103,7 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
     # An empty name label says no more than a missing one.
     name = meta.labels.get(NAME_LABEL) or None
     if kind == TENANT:
-        quotas = values.resource_quotas if values else {}
+        quotas = values.resource_quotas if isinstance(values, TenantSpec) else {}
         name = name or tenant_from_release(meta.name)
         if problem is None and name is None:
             problem = f"metadata.labels: no {NAME_LABEL}, and the release name names no tenant"
@@ -103,7 +115,8 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
             meta.namespace, name, declaration, unreadable, meta.name, values_from=values_from
         )
     unreadable = f"{where}: {problem}" if problem else None
-    app = app_from(values or AppSpec(), meta.namespace, kind, name or "", unreadable)
+    spec = values if isinstance(values, AppSpec) else AppSpec()
+    app = app_from(spec, meta.namespace, kind, name or "", unreadable)
     return replace(app, release=meta.name, values_from=values_from)
 
 

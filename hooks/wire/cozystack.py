@@ -3,7 +3,8 @@ HelmRelease that stores each app (its values are the app's spec)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import msgspec
 
@@ -13,6 +14,8 @@ from hooks.wire.problems import BadRequest, Undecodable, decoded
 # Labels Cozystack puts on the HelmRelease of every app.
 KIND_LABEL = "apps.cozystack.io/application.kind"
 NAME_LABEL = "apps.cozystack.io/application.name"
+
+S = TypeVar("S")
 
 
 class _Cozystack(msgspec.Struct, kw_only=True, rename="camel"):
@@ -29,19 +32,45 @@ QuotaValue = str | int | float | bool | None
 
 
 class AppSpec(_Cozystack):
-    """The fields of an app's spec (or a HelmRelease's values) the budgets read."""
+    """The fields of a VMInstance's or KubernetesNodes' spec (or its HelmRelease's values) the
+    budgets read."""
 
     gpus: list[GpuEntry] = []
     max_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
     min_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class _Gpus(_Cozystack):
+    """Only whether an app lists any gpus entry."""
+
+    gpus: list[msgspec.Raw] = []
+
+
+class TenantSpec(_Cozystack):
+    """The field of a Tenant's spec (or its HelmRelease's values) the budgets read."""
+
     resource_quotas: dict[str, QuotaValue] = {}
 
 
+class ObjectHead(_Cozystack):
+    """An app under review, its spec still raw: how it is read depends on its kind."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
+
+
 class AppObject(_Cozystack):
-    """A VMInstance, KubernetesNodes or Tenant under review."""
+    """A VMInstance or KubernetesNodes under review."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: AppSpec = msgspec.field(default_factory=AppSpec)
+
+
+class TenantObject(_Cozystack):
+    """A Tenant under review."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: TenantSpec = msgspec.field(default_factory=TenantSpec)
 
 
 class ReleaseMeta(_Cozystack):
@@ -58,7 +87,8 @@ class ReleaseHead(_Cozystack):
 
 
 class HelmReleaseSpec(_Cozystack):
-    values: AppSpec = msgspec.field(default_factory=AppSpec)
+    # The app's spec, read as its kind (the release's labels) says.
+    values: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
     # Flux merges values from ConfigMaps and Secrets into `values`; the webhook reads neither,
     # so it keeps only whether there are any.
     values_from: list[msgspec.Raw] = []
@@ -70,14 +100,62 @@ class HelmRelease(ReleaseHead):
     spec: HelmReleaseSpec = msgspec.field(default_factory=HelmReleaseSpec)
 
 
+def app_spec(raw: msgspec.Raw, at: str) -> AppSpec:
+    """An app's spec (`at` names where it sits, for the message). One with no gpus entry reserves
+    nothing, whatever else it holds: it is never unreadable for a field that multiplies nothing
+    (the admission webhook's match conditions let such apps through unjudged, so they must never
+    make a pool fail closed once stored)."""
+    try:
+        return decoded(_APP_SPEC, raw, at)
+    except Undecodable:
+        try:
+            listed = decoded(_GPUS, raw, at)
+        except Undecodable:
+            listed = None
+        if listed is not None and not listed.gpus:
+            return AppSpec()
+        raise
+
+
+def tenant_spec(raw: msgspec.Raw, at: str) -> TenantSpec:
+    """A Tenant's spec (`at` names where it sits, for the message)."""
+    return decoded(_TENANT_SPEC, raw, at)
+
+
 def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
-    """None when the field is absent; BadRequest naming the field when it is not an app object."""
+    """A VMInstance or KubernetesNodes under review; None when the field is absent; BadRequest
+    naming the field when it is not an app object."""
+    head = _object_head(raw, field)
+    if head is None:
+        return None
+    return AppObject(metadata=head.metadata, spec=_spec_of(app_spec, head, field))
+
+
+def decode_tenant_object(raw: msgspec.Raw, field: str) -> TenantObject | None:
+    """A Tenant under review, as decode_app_object."""
+    head = _object_head(raw, field)
+    if head is None:
+        return None
+    return TenantObject(metadata=head.metadata, spec=_spec_of(tenant_spec, head, field))
+
+
+def _object_head(raw: msgspec.Raw, field: str) -> ObjectHead | None:
     if is_absent(raw):
         return None
     try:
-        return decoded(_APP_OBJECT, raw)
+        return decoded(_OBJECT_HEAD, raw)
     except Undecodable as error:
         raise BadRequest(f"{field} is not a valid app: {error}") from None
 
 
-_APP_OBJECT = msgspec.json.Decoder(AppObject)
+def _spec_of(read: Callable[[msgspec.Raw, str], S], head: ObjectHead, field: str) -> S:
+    try:
+        return read(head.spec, "spec")
+    except Undecodable as error:
+        raise BadRequest(f"{field} is not a valid app: {error}") from None
+
+
+_OBJECT_HEAD = msgspec.json.Decoder(ObjectHead)
+_APP_SPEC = msgspec.json.Decoder(AppSpec)
+_GPUS = msgspec.json.Decoder(_Gpus)
+_TENANT_SPEC = msgspec.json.Decoder(TenantSpec)

@@ -46,12 +46,13 @@ def decoder_for(type_: type[T]) -> msgspec.json.Decoder[T]:
     return decoder
 
 
-def decoded(decoder: msgspec.json.Decoder[T], data: bytes | msgspec.Raw) -> T:
-    """The one place a msgspec failure becomes words: every decode of input goes through here."""
+def decoded(decoder: msgspec.json.Decoder[T], data: bytes | msgspec.Raw, at: str = "") -> T:
+    """The one place a msgspec failure becomes words: every decode of input goes through here.
+    `at` is where `data` sits in what it was cut from (`spec.values`), for the message's path."""
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, RecursionError) as error:
-        raise Undecodable(decode_problem(error)) from None
+        raise Undecodable(decode_problem(error, at)) from None
 
 
 def decode_request(decoder: msgspec.json.Decoder[T], body: bytes, what: str) -> T:
@@ -82,20 +83,20 @@ def _words(type_text: str) -> str:
     return " or ".join(_TYPE_WORDS.get(part.strip(), part.strip()) for part in type_text.split("|"))
 
 
-def decode_problem(error: msgspec.DecodeError | RecursionError) -> str:
+def decode_problem(error: msgspec.DecodeError | RecursionError, at: str = "") -> str:
     """Why a sub-object did not decode: the field and what was wrong, invalid JSON (a Raw field's
     UTF-8 is checked only when it is decoded), or nesting too deep for the decoder."""
     if isinstance(error, msgspec.ValidationError):
-        return field_problem(error)
+        return field_problem(error, at)
     if isinstance(error, msgspec.DecodeError):
         return NOT_JSON
     return TOO_DEEP
 
 
-def field_problem(error: msgspec.ValidationError) -> str:
+def field_problem(error: msgspec.ValidationError, at: str = "") -> str:
     """`<field path>: <what was wrong>`, or just what was wrong at the top level."""
     message, _, path = str(error).partition(" - at `$")
     reason = _BACKTICKED.sub(lambda match: _words(match.group(1)), message)
     reason = reason[:1].lower() + reason[1:]
-    path = path.rstrip("`").lstrip(".")
+    path = ".".join(part for part in (at, path.rstrip("`").lstrip(".")) if part)
     return f"{path}: {reason}" if path else reason
