@@ -26,6 +26,15 @@ import yaml
 
 from tests.live import free_port
 
+MANIFESTS = Path(__file__).parent / "manifests"
+
+
+def manifests(name: str) -> list[dict[str, Any]]:
+    """The documents of one of tests/manifests/ (CRDs the suite applies)."""
+    documents: list[dict[str, Any]] = yaml.safe_load((MANIFESTS / name).read_text())["documents"]
+    return documents
+
+
 ADMIN_TOKEN = "admin-token-for-tests"
 STARTUP_SECONDS = 90
 

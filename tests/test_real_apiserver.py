@@ -40,6 +40,7 @@ from tests.controlplane import (
     binary,
     collection_path,
     control_plane,
+    manifests,
     object_path,
 )
 from tests.live import LiveServer, live_server
@@ -47,18 +48,12 @@ from tests.live import LiveServer, live_server
 # Starts etcd and kube-apiserver (`make tools`).
 pytestmark = pytest.mark.tools
 
-MANIFESTS = Path(__file__).parent / "manifests"
 ROOT = Path(__file__).parent.parent
 RELEASE, NAMESPACE = "gpu", "cozy-gpu"
 FULLNAME = "gpu-gpuclass-hooks"
 KUBEVIRT_NAMESPACE = "cozy-kubevirt"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
 TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
-
-
-def manifests(name: str) -> list[dict[str, Any]]:
-    documents: list[dict[str, Any]] = yaml.safe_load((MANIFESTS / name).read_text())["documents"]
-    return documents
 
 
 def differences(expected: Any, actual: Any, path: str = "", omitempty: bool = False) -> list[str]:

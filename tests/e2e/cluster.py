@@ -14,7 +14,6 @@ from typing import Any
 
 ROOT = Path(__file__).parent.parent.parent
 CHART = ROOT / "metacontroller"
-MANIFESTS = ROOT / "tests" / "manifests"
 RELEASE, NAMESPACE = "gpuclass-hooks", "cozy-gpu"
 GPU = "nvidia.com/L40S"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from hooks.rules.budget.keys import TOTAL_KEY
 from tests.apiserver import kubevirt_cr
 from tests.builders import helmrelease
-from tests.e2e.cluster import GPU, MANIFESTS, Cluster, wait_for
+from tests.controlplane import manifests
+from tests.e2e.cluster import GPU, Cluster, wait_for
 from tests.e2e.load import CHURN, ENTITLED, ENTITLED_LABEL, EXCEEDS, FITS
 from tests.e2e.steps import (
     COPY,
@@ -145,7 +145,7 @@ def cozystack(cluster: Cluster) -> None:
     """What a Cozystack cluster serves that the hooks read: its app kinds (the tests' CRDs stand
     for its aggregated API), HelmReleases, and the KubeVirt object."""
     for name in ("cozystack-crds.yaml", "kubevirt-crd.yaml"):
-        cluster.apply(*yaml.safe_load((MANIFESTS / name).read_text())["documents"])
+        cluster.apply(*manifests(name))
     cluster.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
     )
