@@ -38,16 +38,25 @@ build() {  # build NAME MODULE_DIR PACKAGE MODULE_PATH [LDFLAGS...]
   ln -sf "$name-$version" "$cache/$name"
 }
 
-# helm is a plain module: `go install` builds it without a wrapper.
+# helm is a plain module: `go install` builds it without a wrapper. Stamped as helm's own Makefile
+# does (its version, and the Kubernetes minor of the client-go it is built with, v0.37), so that
+# `helm template` renders a chart requiring a recent Kubernetes without `--kube-version`.
 helm_version=v3.22.0
-if [ ! -x "$cache/helm-$helm_version" ]; then
+helm_kube_minor=37
+helm_build=helm-$helm_version-k8s1.$helm_kube_minor
+if [ ! -x "$cache/$helm_build" ]; then
   echo "building helm $helm_version (cached in $cache)" >&2
   tmp=$(mktemp -d)
-  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install "helm.sh/helm/v3/cmd/helm@$helm_version"
-  mv "$tmp/helm" "$cache/helm-$helm_version"
+  stamps="-X helm.sh/helm/v3/internal/version.version=$helm_version"
+  for package in pkg/chartutil pkg/lint/rules; do
+    stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMajor=1"
+    stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMinor=$helm_kube_minor"
+  done
+  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -ldflags "$stamps" "helm.sh/helm/v3/cmd/helm@$helm_version"
+  mv "$tmp/helm" "$cache/$helm_build"
   rmdir "$tmp"
 fi
-ln -sf "helm-$helm_version" "$cache/helm"
+ln -sf "$helm_build" "$cache/helm"
 
 build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 # As Kubernetes' own build does: without the version stamped in, the server reports v0.0.0 and

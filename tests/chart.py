@@ -25,6 +25,10 @@ def helm() -> str:
     return path
 
 
+# A plain-HTTP install: everything that needs TLS off (the API server calls webhooks over HTTPS).
+PLAIN = ("tls.enabled=false", "auth.enabled=false", "admission.enabled=false")
+
+
 def helm_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm(), *args], capture_output=True, text=True, timeout=120)
 

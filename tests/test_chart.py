@@ -33,6 +33,7 @@ from tests.chart import (
     CERT_MANAGER,
     CHART,
     KUBE_VERSION,
+    PLAIN,
     by_kind,
     crd,
     helm_run,
@@ -61,11 +62,23 @@ def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_helm_lint_passes() -> None:
     # helm lint cannot be told which APIs the cluster serves, and only notes a template's `fail`:
-    # it lints the defaults with a named Secret, so that every template renders.
+    # it lints the defaults with a named Secret and the CA that signed it (admission, on by
+    # default, needs a CA it can read), so that every template renders.
+    ca = trustme.CA().cert_pem.bytes().decode()
     args = ["--kube-version", KUBE_VERSION, "--set", "tls.existingSecret=lint-tls"]
+    args += ["--set", f"tls.trustBundle={ca}"]
     result = helm_run("lint", str(CHART), "--strict", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Fail:" not in result.stdout + result.stderr
+
+
+def test_the_built_helm_renders_the_chart_without_a_kube_version() -> None:
+    """`make tools` stamps helm as its own release build does: `helm template` on a machine with
+    no cluster assumes a current Kubernetes, not v1.20, which the chart's minimum refuses."""
+    result = helm_run("template", "gpu", str(CHART), "--api-versions", "cert-manager.io/v1")
+    assert result.returncode == 0, result.stderr
+    version = helm_run("version", "--template", "{{ .Version }}")
+    assert version.stdout.startswith("v3."), version.stdout
 
 
 @pytest.mark.parametrize(
@@ -203,10 +216,10 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
 @pytest.mark.parametrize(
     "sets",
     [
-        ("tls.enabled=false", "auth.enabled=false"),
+        PLAIN,
         (
             *("tls.enabled=true", "tls.existingSecret=x", "tls.clientAuth.enabled=true"),
-            "tls.clientAuth.existingSecret=y",
+            *("tls.clientAuth.existingSecret=y", "admission.enabled=false"),
         ),
     ],
     ids=["plain", "mtls"],
@@ -236,7 +249,7 @@ def test_the_service_exposes_the_metrics_port(default_render: list[dict[str, Any
     ("sets", "scheme", "port"),
     [
         (("admission.enabled=true",), "https", 443),
-        (("tls.enabled=false", "auth.enabled=false"), "http", 80),
+        (PLAIN, "http", 80),
         (("admission.enabled=true", "service.port=8443"), "https", 8443),
     ],
 )
@@ -327,7 +340,11 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
 def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
     assert one(default_render, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert by_kind(render("replicas=1"), "PodDisruptionBudget") == []
-    role = one(default_render, "ClusterRole")
+    [role] = [
+        r
+        for r in by_kind(default_render, "ClusterRole")
+        if r["metadata"]["name"] == "gpu-gpuclass-hooks"
+    ]
     assert role["rules"] == [
         {
             "apiGroups": ["kubevirt.io"],
@@ -336,10 +353,9 @@ def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
             "verbs": ["get"],
         }
     ]
-    binding = one(default_render, "ClusterRoleBinding")
-    assert (
-        binding["subjects"][0]["name"] == one(default_render, "ServiceAccount")["metadata"]["name"]
-    )
+    account = one(default_render, "ServiceAccount")["metadata"]["name"]
+    for binding in by_kind(default_render, "ClusterRoleBinding"):
+        assert binding["subjects"][0]["name"] == account
     assert not by_kind(default_render, "Role")
 
 
@@ -531,7 +547,10 @@ def test_crd_defaults_match_the_hook_defaults() -> None:
 
 # --- authentication and TLS wiring ----------------------------------------------------------
 
-SECURE = ("auth.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true")
+SECURE = (
+    *("auth.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),
+    "admission.enabled=false",
+)
 
 
 def container_of(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -566,17 +585,17 @@ def test_defaults_without_cert_manager_or_an_existing_secret_refuse_to_render() 
     assert result.returncode != 0
     message = result.stderr
     assert "install cert-manager" in message and "tls.existingSecret" in message
-    assert "tls.enabled=false and auth.enabled=false" in message
+    assert "tls.enabled=false, auth.enabled=false and admission.enabled=false" in message
 
 
 def test_plain_http_renders_only_when_asked_and_notes_warn(tmp_path: Path) -> None:
-    documents = render("tls.enabled=false", "auth.enabled=false", api_versions=())
+    documents = render(*PLAIN, api_versions=())
     for hook in hooks_of(documents).values():
         assert set(hook["webhook"]) == {"url", "timeout"}
         assert hook["webhook"]["url"].startswith("http://")
     assert by_kind(documents, "Secret") == [] and by_kind(documents, "Certificate") == []
     assert "WARNING: the hooks serve plain HTTP without authentication" in notes(
-        "tls.enabled=false", "auth.enabled=false", tmp_path=tmp_path / "plain"
+        *PLAIN, tmp_path=tmp_path / "plain"
     )
     assert "WARNING" not in notes(tmp_path=tmp_path / "secure")
 
@@ -635,7 +654,8 @@ def test_cert_manager_issues_ca_server_and_client_certificates() -> None:
     assert "gpu-gpuclass-hooks.cozy-gpu.svc" in server["dnsNames"]
     assert "server auth" in server["usages"]
     assert "client auth" in certificates["gpu-gpuclass-hooks-client"]["usages"]
-    assert by_kind(render("tls.enabled=true", "tls.existingSecret=mine"), "Certificate") == []
+    mine = render("tls.enabled=true", "tls.existingSecret=mine", "admission.enabled=false")
+    assert by_kind(mine, "Certificate") == []
 
 
 def test_the_ca_keeps_its_key_on_renewal_and_each_certificate_has_an_explicit_lifetime() -> None:
@@ -680,11 +700,18 @@ def test_body_limit_and_metrics_auth_reach_the_service() -> None:
 # --- the GPU budget admission webhook -------------------------------------------------------
 
 
-def test_admission_webhook_is_off_by_default(default_render: list[dict[str, Any]]) -> None:
-    assert by_kind(default_render, "ValidatingWebhookConfiguration") == []
-    assert [r["metadata"]["name"] for r in by_kind(default_render, "ClusterRole")] == [
-        "gpu-gpuclass-hooks"
-    ]
+def test_admission_webhook_is_on_by_default_and_off_only_when_told(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Budget enforcement is a security control: an install or an upgrade that leaves it out
+    keeps it, and only `admission.enabled=false` removes it."""
+    [configuration] = by_kind(default_render, "ValidatingWebhookConfiguration")
+    assert {w["failurePolicy"] for w in configuration["webhooks"]} == {"Fail"}
+    roles = {r["metadata"]["name"] for r in by_kind(default_render, "ClusterRole")}
+    assert roles == {"gpu-gpuclass-hooks", "gpu-gpuclass-hooks-admission"}
+    off = render("admission.enabled=false")
+    assert by_kind(off, "ValidatingWebhookConfiguration") == []
+    assert [r["metadata"]["name"] for r in by_kind(off, "ClusterRole")] == ["gpu-gpuclass-hooks"]
 
 
 def test_admission_webhook_rules_and_routes() -> None:
@@ -789,7 +816,7 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
     [
         (
             ("admission.enabled=true", "tls.enabled=false", "auth.enabled=false"),
-            "admission.enabled needs tls.enabled",
+            "admission.enabled (on by default) needs tls.enabled",
         ),
         (
             ("admission.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),

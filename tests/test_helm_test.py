@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.chart import render
+from tests.chart import PLAIN, render
 from tests.live import live_server
 from tests.pki import write_pki
 
@@ -43,7 +43,7 @@ def run_pod_command(
         for key in keys:
             mounted[f"{mounts[volume['name']]}/{key}"] = files[f"{volume['name']}/{key}"]
     args = list(container["args"])
-    assert args[0] == "check" and args[1].endswith(".svc:80")
+    assert args[0] == "check" and args[1].endswith((".svc:443", ".svc:80"))
     args[1] = url
     for index, arg in enumerate(args):
         name, _, value = arg.partition("=")
@@ -116,6 +116,7 @@ def test_the_helm_test_pod_presents_the_client_certificate_under_mtls(
         "tls.existingSecret=own-tls",
         "tls.clientAuth.enabled=true",
         "tls.clientAuth.existingSecret=own-client",
+        "admission.enabled=false",
     )
     with live_server(serving_env(secrets, client_auth=True), tmp_path, scheme="https") as server:
         result = run_pod_command(pod, server.url, secrets)
@@ -123,7 +124,7 @@ def test_the_helm_test_pod_presents_the_client_certificate_under_mtls(
 
 
 def test_the_helm_test_pod_of_a_plain_install_calls_plain_http(tmp_path: Path) -> None:
-    pod = helm_test_pod("tls.enabled=false", "auth.enabled=false")
+    pod = helm_test_pod(*PLAIN)
     assert pod["spec"]["containers"][0]["args"][1].startswith("http://")
     with live_server({}, tmp_path) as server:
         result = run_pod_command(pod, server.url, {})

@@ -25,7 +25,7 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
-from tests.chart import CHART, by_kind, one, render
+from tests.chart import CHART, PLAIN, by_kind, one, render
 
 # Renders the chart with helm (`make tools`).
 pytestmark = pytest.mark.tools
@@ -328,14 +328,16 @@ def test_scrape_objects_follow_the_charts_tls_and_token() -> None:
     vm = scrape_endpoint(secure, "VMServiceScrape")
     assert vm["tlsConfig"] == monitor["tlsConfig"] and "bearerTokenSecret" not in vm
 
-    tokened = render(*SCRAPES, "metrics.requireAuth=true", "tls.existingSecret=own")
+    tokened = render(
+        *SCRAPES, "metrics.requireAuth=true", "tls.existingSecret=own", "admission.enabled=false"
+    )
     token = {"name": "gpu-gpuclass-hooks-hook-token", "key": "token"}
     monitor = scrape_endpoint(tokened, "ServiceMonitor")
     assert monitor["authorization"] == {"type": "Bearer", "credentials": token}
     assert monitor["tlsConfig"]["ca"]["secret"]["name"] == "own"
     assert scrape_endpoint(tokened, "VMServiceScrape")["bearerTokenSecret"] == token
 
-    plain = render(*SCRAPES, "tls.enabled=false", "auth.enabled=false", api_versions=())
+    plain = render(*SCRAPES, *PLAIN, api_versions=())
     for kind in ("ServiceMonitor", "VMServiceScrape"):
         endpoint = scrape_endpoint(plain, kind)
         assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint

@@ -33,7 +33,7 @@ from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVir
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
-from tests.chart import CHART, helm, render
+from tests.chart import CHART, PLAIN, helm, render
 from tests.controlplane import (
     ADMIN_TOKEN,
     ControlPlane,
@@ -653,7 +653,7 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
         }
     )
     steps = [
-        ("install", ("tls.enabled=false", "auth.enabled=false")),
+        ("install", PLAIN),
         ("upgrade", ("tls.enabled=true", f"tls.existingSecret={fullname}-tls")),
         ("upgrade", ("auth.enabled=true",)),
         ("upgrade", ("admission.enabled=true",)),
@@ -698,12 +698,13 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
 
 
 @pytest.mark.tools
-def test_an_upgrade_that_leaves_the_gpu_switch_out_keeps_gpu_features_on(
+def test_an_upgrade_that_sets_neither_the_gpu_switch_nor_admission_keeps_both(
     hook_pki: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Turning GPU features off deletes every license copy: an upgrade without `--reuse-values`
-    that repeats neither `gpu.enabled` nor the variant (only the Secret it must name) keeps them
-    on, and only the explicit word turns them off. On a control plane of its own."""
+    """Turning GPU features off deletes every license copy, and budgets are a security control:
+    an upgrade without `--reuse-values` that repeats neither `gpu.enabled` nor the variant nor
+    `admission.enabled` (only the Secret it must name) keeps GPU features and the webhook, and
+    only an explicit word turns either off. On a control plane of its own."""
     release, namespace = "keep", "cozy-gpu-keep"
     fullname = f"{release}-gpuclass-hooks"
     with control_plane(tmp_path) as kube:
@@ -720,6 +721,10 @@ def test_an_upgrade_that_leaves_the_gpu_switch_out_keeps_gpu_features_on(
         )
         base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
         secret = f"tls.existingSecret={fullname}-tls"
+
+        def webhook() -> int:
+            path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+            return kube.request("GET", f"{path}/{fullname}").status_code
 
         def helm_upgrade(*values: str) -> str:
             command = [helm(), "upgrade", "--install", release, str(CHART), *base]
@@ -742,10 +747,11 @@ def test_an_upgrade_that_leaves_the_gpu_switch_out_keeps_gpu_features_on(
             return next(e["value"] for e in env if e["name"] == "GPUCLASS_ENABLED")
 
         assert helm_upgrade(secret, "gpuOperator.variant=vgpu") == "true"
-        assert helm_upgrade(secret) == "true"
+        assert helm_upgrade(secret) == "true" and webhook() == 200
         assert helm_upgrade(secret, "gpuOperator.variant=container") == "false"
-        assert helm_upgrade(secret, "gpu.enabled=false") == "false"
-        assert helm_upgrade(secret) == "true"
+        assert helm_upgrade(secret, "gpu.enabled=false", "admission.enabled=false") == "false"
+        assert webhook() == 404
+        assert helm_upgrade(secret) == "true" and webhook() == 200
 
 
 @pytest.mark.tools
@@ -782,6 +788,7 @@ def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_up
         f"tls.existingSecret={fullname}-tls",
         "tls.clientAuth.enabled=true",
         f"tls.clientAuth.existingSecret={fullname}-client",
+        "admission.enabled=false",
         "gpuOperator.variant=vgpu",
     )
     with control_plane(tmp_path) as kube:

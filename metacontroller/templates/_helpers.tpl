@@ -137,7 +137,7 @@ true
 {{- $certManager := eq (include "gpuclass-hooks.certManager" .) "true" -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not $certManager) -}}
 {{- if .Values.tls.certManager.enabled -}}
-{{- fail "tls.enabled needs a serving certificate: install cert-manager (the cluster serves no cert-manager.io/v1; with helm template pass --api-versions cert-manager.io/v1), or set tls.existingSecret to a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt. Plain HTTP only with tls.enabled=false and auth.enabled=false." -}}
+{{- fail "tls.enabled needs a serving certificate: install cert-manager (the cluster serves no cert-manager.io/v1; with helm template pass --api-versions cert-manager.io/v1), or set tls.existingSecret to a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt. Plain HTTP only with tls.enabled=false, auth.enabled=false and admission.enabled=false." -}}
 {{- else -}}
 {{- fail "tls.enabled with tls.certManager.enabled=false needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt." -}}
 {{- end -}}
