@@ -11,11 +11,18 @@ import pytest
 import yaml
 
 CHART = Path(__file__).parent.parent / "metacontroller"
-# helm built with `go install` assumes Kubernetes 1.20 unless told; the chart needs CEL (1.27+).
+# The chart's minimum Kubernetes (CEL, matchConditions).
 KUBE_VERSION = "1.30.0"
 # What a cluster serves beyond Kubernetes itself decides what the chart renders: by default the
 # renders assume cert-manager, which the secure defaults use for TLS.
 CERT_MANAGER = "cert-manager.io/v1"
+# What the render's lookup of the EndpointSlice default/kubernetes finds on a cluster, which helm
+# template cannot read: the NetworkPolicy needs the API servers' addresses (a documentation range,
+# never dialled).
+API_SERVERS = ("192.0.2.10/32",)
+API_SERVERS_SET = f"networkPolicy.apiServerCIDRs={{{','.join(API_SERVERS)}}}"
+# helm's flags for a render as on such a cluster.
+ON_A_CLUSTER = ("--api-versions", CERT_MANAGER, "--set", API_SERVERS_SET)
 
 
 def helm() -> str:
@@ -34,21 +41,32 @@ def helm_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def template(
-    *sets: str, namespace: str = "cozy-gpu", api_versions: tuple[str, ...] = (CERT_MANAGER,)
+    *sets: str,
+    namespace: str = "cozy-gpu",
+    api_versions: tuple[str, ...] = (CERT_MANAGER,),
+    api_servers: tuple[str, ...] = API_SERVERS,
 ) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart with these --set values, on a cluster serving these APIs."""
+    """`helm template` of the chart with these --set values, on a cluster serving these APIs
+    whose API servers have these addresses."""
     args = ["template", "gpu", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
     for api in api_versions:
         args += ["--api-versions", api]
+    if api_servers:
+        args += ["--set", f"networkPolicy.apiServerCIDRs={{{','.join(api_servers)}}}"]
     for value in sets:
         args += ["--set", value]
     return helm_run(*args)
 
 
 def render(
-    *sets: str, namespace: str = "cozy-gpu", api_versions: tuple[str, ...] = (CERT_MANAGER,)
+    *sets: str,
+    namespace: str = "cozy-gpu",
+    api_versions: tuple[str, ...] = (CERT_MANAGER,),
+    api_servers: tuple[str, ...] = API_SERVERS,
 ) -> list[dict[str, Any]]:
-    result = template(*sets, namespace=namespace, api_versions=api_versions)
+    result = template(
+        *sets, namespace=namespace, api_versions=api_versions, api_servers=api_servers
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 

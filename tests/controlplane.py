@@ -130,6 +130,7 @@ _PLURALS = {
     "GPUClass": "gpuclasses",
     "KubernetesNodes": "kubernetesnodeses",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
 }
 _CLUSTER_SCOPED = {
     "Namespace",

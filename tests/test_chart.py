@@ -30,9 +30,11 @@ from tests.builders import (
     status_sync_request,
 )
 from tests.chart import (
+    API_SERVERS_SET,
     CERT_MANAGER,
     CHART,
     KUBE_VERSION,
+    ON_A_CLUSTER,
     PLAIN,
     by_kind,
     crd,
@@ -66,7 +68,7 @@ def test_helm_lint_passes() -> None:
     # default, needs a CA it can read), so that every template renders.
     ca = trustme.CA().cert_pem.bytes().decode()
     args = ["--kube-version", KUBE_VERSION, "--set", "tls.existingSecret=lint-tls"]
-    args += ["--set", f"tls.trustBundle={ca}"]
+    args += ["--set", f"tls.trustBundle={ca}", "--set", API_SERVERS_SET]
     result = helm_run("lint", str(CHART), "--strict", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Fail:" not in result.stdout + result.stderr
@@ -75,7 +77,7 @@ def test_helm_lint_passes() -> None:
 def test_the_built_helm_renders_the_chart_without_a_kube_version() -> None:
     """`make tools` stamps helm as its own release build does: `helm template` on a machine with
     no cluster assumes a current Kubernetes, not v1.20, which the chart's minimum refuses."""
-    result = helm_run("template", "gpu", str(CHART), "--api-versions", "cert-manager.io/v1")
+    result = helm_run("template", "gpu", str(CHART), *ON_A_CLUSTER)
     assert result.returncode == 0, result.stderr
     version = helm_run("version", "--template", "{{ .Version }}")
     assert version.stdout.startswith("v3."), version.stdout
@@ -612,7 +614,7 @@ def notes(*sets: str, tmp_path: Path) -> str:
         'data: {notes: {{ tpl (.Files.Get "notes.txt") . | quote }}}\n'
     )
     args = ["template", "gpu", str(chart), "--kube-version", KUBE_VERSION]
-    args += ["--api-versions", CERT_MANAGER, "--show-only", "templates/notes-under-test.yaml"]
+    args += [*ON_A_CLUSTER, "--show-only", "templates/notes-under-test.yaml"]
     result = helm_run(*args, *(arg for value in sets for arg in ("--set", value)))
     assert result.returncode == 0, result.stderr
     return str(yaml.safe_load(result.stdout)["data"]["notes"])

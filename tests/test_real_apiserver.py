@@ -99,6 +99,7 @@ def hook_pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+LOOPBACK_API_SERVER = "networkPolicy.apiServerCIDRs={127.0.0.1/32}"
 INSTALL_VALUES = (
     "tls.enabled=true",
     "tls.certManager.enabled=false",
@@ -106,6 +107,8 @@ INSTALL_VALUES = (
     "auth.enabled=true",
     "admission.enabled=true",
     "gpuOperator.variant=vgpu",
+    # what the render's lookup reads on a cluster: this API server, on loopback, has no endpoints
+    LOOPBACK_API_SERVER,
 )
 
 
@@ -158,6 +161,7 @@ def test_helm_install_every_object_stored_as_written(
         "CompositeController",
         "DecoratorController",
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Secret",
         "Service",
@@ -170,6 +174,15 @@ def test_helm_install_every_object_stored_as_written(
         assert stored.status_code == 200, (document["kind"], stored.text)
         custom = document["apiVersion"].startswith("metacontroller.k8s.io/")
         assert differences(document, stored.json(), omitempty=not custom) == [], document["kind"]
+    [policy] = [d for d in installed if d["kind"] == "NetworkPolicy"]
+    # the API server's address, as the render's lookup read it from its EndpointSlice
+    api_servers = [
+        p["ipBlock"]["cidr"]
+        for r in policy["spec"]["ingress"]
+        for p in r.get("from", [])
+        if "ipBlock" in p
+    ]
+    assert api_servers == ["127.0.0.1/32"]  # as given: loopback has no EndpointSlice to read
     crd = yaml.safe_load((CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text())
     stored_crd = kube.request(
         "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
@@ -653,7 +666,7 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
         }
     )
     steps = [
-        ("install", PLAIN),
+        ("install", (*PLAIN, LOOPBACK_API_SERVER)),
         ("upgrade", ("tls.enabled=true", f"tls.existingSecret={fullname}-tls")),
         ("upgrade", ("auth.enabled=true",)),
         ("upgrade", ("admission.enabled=true",)),
@@ -721,6 +734,7 @@ def test_an_upgrade_that_sets_neither_the_gpu_switch_nor_admission_keeps_both(
         )
         base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
         secret = f"tls.existingSecret={fullname}-tls"
+        base += ["--set", LOOPBACK_API_SERVER]
 
         def webhook() -> int:
             path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
