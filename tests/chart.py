@@ -85,3 +85,16 @@ def crd() -> dict[str, Any]:
         (CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text()
     )
     return loaded
+
+
+def container_of(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The hook container of the rendered Deployment."""
+    container: dict[str, Any] = one(documents, "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return container
+
+
+def env_of(documents: list[dict[str, Any]]) -> dict[str, str]:
+    """The hook container's environment variables that have a literal value."""
+    return {e["name"]: e["value"] for e in container_of(documents)["env"] if "value" in e}

@@ -37,7 +37,9 @@ from tests.chart import (
     ON_A_CLUSTER,
     PLAIN,
     by_kind,
+    container_of,
     crd,
+    env_of,
     helm_run,
     one,
     render,
@@ -326,7 +328,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_TLS_CERT_FILE": "/etc/gpuclass-hooks/tls/tls.crt",
         "GPUCLASS_TLS_KEY_FILE": "/etc/gpuclass-hooks/tls/tls.key",
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
-        "GPUCLASS_METRICS_REQUIRE_AUTH": "false",
+        "GPUCLASS_METRICS_REQUIRE_AUTH": "true",
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
@@ -553,18 +555,6 @@ SECURE = (
     *("auth.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),
     "admission.enabled=false",
 )
-
-
-def container_of(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    container: dict[str, Any] = one(documents, "Deployment")["spec"]["template"]["spec"][
-        "containers"
-    ][0]
-    return container
-
-
-def env_of(documents: list[dict[str, Any]]) -> dict[str, str]:
-    """The hook container's environment variables that have a literal value."""
-    return {e["name"]: e["value"] for e in container_of(documents)["env"] if "value" in e}
 
 
 def test_defaults_with_cert_manager_give_token_auth_and_https(

@@ -25,7 +25,7 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
-from tests.chart import CHART, PLAIN, by_kind, one, render
+from tests.chart import CHART, PLAIN, by_kind, env_of, one, render
 
 # Renders the chart with helm (`make tools`).
 pytestmark = pytest.mark.tools
@@ -318,26 +318,32 @@ def test_scrape_objects_are_off_by_default() -> None:
 
 def test_scrape_objects_follow_the_charts_tls_and_token() -> None:
     secure = render(*SCRAPES)
+    token = {"name": "gpu-gpuclass-hooks-hook-token", "key": "token"}
     monitor = scrape_endpoint(secure, "ServiceMonitor")
     assert monitor["scheme"] == "https" and monitor["path"] == "/metrics"
     assert monitor["tlsConfig"] == {
         "serverName": "gpu-gpuclass-hooks.cozy-gpu.svc",
         "ca": {"secret": {"name": "gpu-gpuclass-hooks-tls", "key": "ca.crt"}},
     }
-    assert "authorization" not in monitor  # metrics.requireAuth is off by default
-    vm = scrape_endpoint(secure, "VMServiceScrape")
-    assert vm["tlsConfig"] == monitor["tlsConfig"] and "bearerTokenSecret" not in vm
-
-    tokened = render(
-        *SCRAPES, "metrics.requireAuth=true", "tls.existingSecret=own", "admission.enabled=false"
-    )
-    token = {"name": "gpu-gpuclass-hooks-hook-token", "key": "token"}
-    monitor = scrape_endpoint(tokened, "ServiceMonitor")
+    # metrics.requireAuth is on by default: the scrape carries the token the hooks then require
     assert monitor["authorization"] == {"type": "Bearer", "credentials": token}
+    assert env_of(secure)["GPUCLASS_METRICS_REQUIRE_AUTH"] == "true"
+    vm = scrape_endpoint(secure, "VMServiceScrape")
+    assert vm["tlsConfig"] == monitor["tlsConfig"] and vm["bearerTokenSecret"] == token
+
+    open_metrics = render(
+        *SCRAPES, "metrics.requireAuth=false", "tls.existingSecret=own", "admission.enabled=false"
+    )
+    monitor = scrape_endpoint(open_metrics, "ServiceMonitor")
+    assert "authorization" not in monitor
     assert monitor["tlsConfig"]["ca"]["secret"]["name"] == "own"
-    assert scrape_endpoint(tokened, "VMServiceScrape")["bearerTokenSecret"] == token
+    assert "bearerTokenSecret" not in scrape_endpoint(open_metrics, "VMServiceScrape")
+    assert env_of(open_metrics)["GPUCLASS_METRICS_REQUIRE_AUTH"] == "false"
 
     plain = render(*SCRAPES, *PLAIN, api_versions=())
     for kind in ("ServiceMonitor", "VMServiceScrape"):
         endpoint = scrape_endpoint(plain, kind)
         assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint
+        # no token to require without auth
+        assert "authorization" not in endpoint and "bearerTokenSecret" not in endpoint
+    assert env_of(plain)["GPUCLASS_METRICS_REQUIRE_AUTH"] == "false"

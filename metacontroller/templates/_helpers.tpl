@@ -152,6 +152,11 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* /metrics behind the hooks' token: metrics.requireAuth, where there is a token (auth.enabled). */}}
+{{- define "gpuclass-hooks.metricsAuth" -}}
+{{- and .Values.auth.enabled .Values.metrics.requireAuth -}}
+{{- end -}}
+
 {{- define "gpuclass-hooks.scheme" -}}
 {{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
 {{- end -}}

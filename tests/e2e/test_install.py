@@ -30,7 +30,7 @@ from tests.e2e.steps import (
 # Every kind the chart makes, wherever it makes it.
 RELEASE_KINDS = (
     "deployments,services,serviceaccounts,secrets,configmaps,roles,rolebindings,"
-    "poddisruptionbudgets,certificates,issuers,clusterroles,clusterrolebindings,"
+    "poddisruptionbudgets,networkpolicies,certificates,issuers,clusterroles,clusterrolebindings,"
     "validatingwebhookconfigurations,compositecontrollers,decoratorcontrollers"
 )
 
@@ -53,6 +53,17 @@ def test_install_with_cert_manager_then_helm_test_passes(
     )
     output = helm_test(cluster)
     assert "Phase:          Succeeded" in output, output
+    # the render read the API server's addresses from the cluster, for the NetworkPolicy
+    slice_ = cluster.get("endpointslice", "-n", "default", "kubernetes")
+    advertised = {f"{a}/32" for e in slice_["endpoints"] for a in e["addresses"]}
+    policy = cluster.get("networkpolicy", "-n", NAMESPACE, RELEASE)
+    admitted = {
+        peer["ipBlock"]["cidr"]
+        for rule in policy["spec"]["ingress"]
+        for peer in rule.get("from", [])
+        if "ipBlock" in peer
+    }
+    assert advertised and admitted == advertised
 
 
 def test_license_copies_converge_in_entitled_namespaces_only(cluster: Cluster) -> None:

@@ -114,18 +114,30 @@ def test_a_ca_rotation_as_documented_refuses_no_call(
     assert {base64.b64decode(w["clientConfig"]["caBundle"]) for w in webhooks} == {new_ca}
 
 
+# Run inside a hook pod: its own /metrics, with the token and the CA it holds, as the chart's
+# scrape objects send them (metrics.requireAuth is on by default).
+SCRAPE_OWN_METRICS = """
+import ssl, urllib.request
+token = open("/etc/gpuclass-hooks/auth/accepted-tokens").read().split()[0]
+context = ssl.create_default_context(cafile="/etc/gpuclass-hooks/tls/ca.crt")
+context.check_hostname = False
+request = urllib.request.Request(
+    "https://127.0.0.1:9090/metrics", headers={"Authorization": "Bearer " + token}
+)
+print(urllib.request.urlopen(request, context=context, timeout=10).read().decode())
+"""
+
+
 def presented_client_certificate_ends(cluster: Cluster) -> set[float] | None:
-    """What each serving hook pod last saw Metacontroller present, from its metrics (through the
-    API server's pod proxy, which does not verify the pod's certificate); None while a pod is
-    out of reach (a rollout can end one between the listing and the scrape)."""
+    """What each serving hook pod last saw Metacontroller present, from its metrics; None while
+    a pod is out of reach (a rollout can end one between the listing and the scrape)."""
     ends = set()
     for pod in serving_pods(cluster):
         name = pod["metadata"]["name"]
         try:
             scraped = cluster.kubectl(
-                "get", "--raw",
-                f"/api/v1/namespaces/{NAMESPACE}/pods/https:{name}:9090/proxy/metrics",
-                timeout=30,
+                "-n", NAMESPACE, "exec", name, "--", "/opt/hooks/bin/python", "-c",
+                SCRAPE_OWN_METRICS, timeout=30,
             ).stdout  # fmt: skip
         except (CommandFailed, subprocess.TimeoutExpired):
             return None
