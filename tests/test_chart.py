@@ -211,10 +211,34 @@ def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
         "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"},
     }
     assert "--worker-tmp-dir=/tmp" in container["args"]
-    preferred = pod["affinity"]["podAntiAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert preferred[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_replicas_spread_over_nodes_and_zones_and_prefer_the_control_plane(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """While admission is on, tenants' GPU apps wait on these pods: two replicas on one node
+    would both go with it, so they spread (softly: a cordoned node never leaves one pending),
+    outrank workloads, and may run where Cozystack runs its own webhooks."""
+    pod = one(default_render, "Deployment")["spec"]["template"]["spec"]
+    selector = one(default_render, "Deployment")["spec"]["selector"]
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for constraint in spread.values():
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway" and constraint["maxSkew"] == 1
+        assert constraint["labelSelector"] == selector
+    preferred = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0]["preference"]["matchExpressions"][0]["key"] == (
+        "node-role.kubernetes.io/control-plane"
+    )
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists",
+            "effect": "NoSchedule"} in pod["tolerations"]  # fmt: skip
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    without = one(render("admission.enabled=false"), "Deployment")["spec"]["template"]["spec"]
+    assert "priorityClassName" not in without
+    chosen = render("priorityClassName=mine", "admission.enabled=true")
+    assert one(chosen, "Deployment")["spec"]["template"]["spec"]["priorityClassName"] == "mine"
+    none = render("priorityClassName=", "admission.enabled=true")
+    assert "priorityClassName" not in one(none, "Deployment")["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(
