@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         crds = yaml.safe_load((ROOT / "tests/manifests/cozystack-crds.yaml").read_text())
         plane.apply(*crds["documents"])
         plane.apply(
-            yaml.safe_load((ROOT / "metacontroller/crds/gpuclasses.cozystack.io.yaml").read_text())
+            yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
         )
         plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
         plane.wait_established("gpuclasses.cozystack.io")

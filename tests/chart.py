@@ -82,7 +82,7 @@ def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 def crd() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load(
-        (CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text()
+        (CHART / "files" / "gpuclasses.cozystack.io.yaml").read_text()
     )
     return loaded
 

@@ -135,7 +135,7 @@ def installed(kube: ControlPlane, hook_pki: dict[str, Path]) -> list[dict[str, A
         command += ["--set", value]
     result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
-    kube.wait_established("gpuclasses.cozystack.io")  # helm does not wait for crds/ to be served
+    kube.wait_established("gpuclasses.cozystack.io")  # helm does not wait for a CRD to be served
     return helm_get("manifest", kube, RELEASE, NAMESPACE)
 
 
@@ -159,6 +159,7 @@ def test_helm_install_every_object_stored_as_written(
         "ClusterRole",
         "ClusterRoleBinding",
         "CompositeController",
+        "CustomResourceDefinition",
         "DecoratorController",
         "Deployment",
         "NetworkPolicy",
@@ -183,7 +184,7 @@ def test_helm_install_every_object_stored_as_written(
         if "ipBlock" in p
     ]
     assert api_servers == ["127.0.0.1/32"]  # as given: loopback has no EndpointSlice to read
-    crd = yaml.safe_load((CHART / "crds" / "gpuclasses.cozystack.io.yaml").read_text())
+    crd = yaml.safe_load((CHART / "files" / "gpuclasses.cozystack.io.yaml").read_text())
     stored_crd = kube.request(
         "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
     ).json()
@@ -766,6 +767,81 @@ def test_an_upgrade_that_sets_neither_the_gpu_switch_nor_admission_keeps_both(
         assert helm_upgrade(secret, "gpu.enabled=false", "admission.enabled=false") == "false"
         assert webhook() == 404
         assert helm_upgrade(secret) == "true" and webhook() == 200
+
+
+def documented_crd_adoption() -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations docs/install.md (step 7) sets on a CRD an earlier release
+    installed from crds/, read from its shell block."""
+    install = (CHART.parent / "docs" / "install.md").read_text()
+    block = (
+        install.split("hand it to the\n  release:", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    )
+    words = block.replace("\\\n", " ").split()
+    labels, annotations = {}, {}
+    for verb, into in (("label", labels), ("annotate", annotations)):
+        start = words.index(verb) + 3  # kubectl <verb> crd <name>
+        for word in words[start:]:
+            if "=" not in word:
+                break
+            key, _, value = word.partition("=")
+            into[key] = value
+    return labels, annotations
+
+
+@pytest.mark.tools
+def test_the_crd_upgrades_with_the_chart_and_outlives_it(
+    hook_pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """The CRD is a template: an install adopts one an earlier release left from crds/ once the
+    documented labels and annotations are set, brings it to the chart's version, and leaves it
+    (and every GPUClass) on uninstall."""
+    release, namespace = "gpuclass-hooks", "cozy-gpu"
+    crd = yaml.safe_load((CHART / "files" / "gpuclasses.cozystack.io.yaml").read_text())
+    older = copy.deepcopy(crd)
+    del older["spec"]["versions"][0]["additionalPrinterColumns"]
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+    with control_plane(tmp_path) as kube:
+        kube.apply(*manifests("metacontroller-crds.yaml"), older)
+        kube.namespace(namespace)
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": f"{release}-tls", "namespace": namespace},
+                "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
+            }
+        )
+        base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
+        values = ["--set", f"tls.existingSecret={release}-tls", "--set", LOOPBACK_API_SERVER]
+        install = [helm(), "upgrade", "--install", release, str(CHART), *base, *values]
+        refused = subprocess.run(install, capture_output=True, text=True, timeout=180)
+        assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr
+        labels, annotations = documented_crd_adoption()
+        assert annotations["meta.helm.sh/release-name"] == release
+        assert annotations["meta.helm.sh/release-namespace"] == namespace
+        kube.request(
+            "PATCH",
+            path,
+            {"metadata": {"labels": labels, "annotations": annotations}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        ).raise_for_status()
+        adopted = subprocess.run(install, capture_output=True, text=True, timeout=180)
+        assert adopted.returncode == 0, adopted.stderr
+        stored = kube.request("GET", path).json()
+        assert differences(crd["spec"], stored["spec"]) == []
+        kube.apply(
+            {
+                "apiVersion": "cozystack.io/v1alpha1",
+                "kind": "GPUClass",
+                "metadata": {"name": "l40s"},
+                "spec": {"resourceName": GPU},
+            }
+        )
+        uninstall = [helm(), "uninstall", release, *base]
+        assert subprocess.run(uninstall, capture_output=True, timeout=120).returncode == 0
+        assert kube.request("GET", path).status_code == 200
+        assert kube.request("GET", "/apis/cozystack.io/v1alpha1/gpuclasses/l40s").status_code == 200
 
 
 @pytest.mark.tools

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.e2e.cluster import CHART, NAMESPACE, RELEASE, Cluster, wait_for
+from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster, wait_for
 from tests.e2e.load import SETTLE_SECONDS, cost_nothing, hook_pods, scenario_load
 from tests.e2e.steps import upgrade
 
@@ -29,7 +29,6 @@ def test_a_rolling_upgrade_under_load_refuses_no_call_and_loses_no_copy(
     cluster.ctr("images", "tag", "--force", image, f"{repository}:{NEXT_TAG}")
     with scenario_load(cluster) as running:
         time.sleep(SETTLE_SECONDS)
-        cluster.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
         upgrade(cluster, f"image.tag={NEXT_TAG}")
         wait_for(
             "only pods of the new image",
