@@ -209,7 +209,8 @@ class Settings(BaseSettings):
     )
     hook_timeout: str = setting(
         "30s",
-        "how long a caller waits for a hook's answer, as a Go duration (`30s`, `1m30s`): a body "
+        "how long a caller waits for a hook's answer, as a Go duration (`30s`, `90s`, `2m`; the "
+        "chart's `controllers.hookTimeout` takes one unit, `ms`, `s` or `m`): a body "
         "is read, and a large call computed, within it (then 408 or 500; the caller has given "
         "up)",
         chart="controllers.hookTimeout",

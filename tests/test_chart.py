@@ -314,6 +314,16 @@ def test_an_upgrade_from_port_80_keeps_the_old_port_until_told_to_drop_it() -> N
     assert same == {"https", "metrics"}
 
 
+def test_the_durations_the_settings_table_shows_the_chart_accepts() -> None:
+    """The README's table (from hooks/settings.py) is read by people who set the chart's value."""
+    description = Settings.model_fields["hook_timeout"].description or ""
+    shown = re.findall(r"`([0-9][0-9a-z]*)`", description)
+    assert shown
+    for duration in shown:
+        result = template(f"controllers.hookTimeout={duration}")
+        assert result.returncode == 0, (duration, result.stderr)
+
+
 @pytest.mark.parametrize(("timeout", "seconds"), [("30s", 30), ("2m", 120), ("1500ms", 2)])
 def test_termination_grace_covers_the_drain_and_the_longest_call(
     timeout: str, seconds: int
