@@ -25,7 +25,7 @@ from tests.builders import (
     source_secret,
     status_sync_request,
 )
-from tests.chart import CHART, PLAIN, by_kind, env_of, one, render
+from tests.chart import CERT_MANAGER, CHART, PLAIN, by_kind, env_of, one, render
 
 # Renders the chart with helm (`make tools`).
 pytestmark = pytest.mark.tools
@@ -265,12 +265,56 @@ def test_alert_rules_render_the_same_for_both_kinds() -> None:
     )
 
 
-def test_monitoring_is_off_by_default() -> None:
-    documents = render()
-    for kind in ("PrometheusRule", "VMRule", "ConfigMap"):
-        assert by_kind(documents, kind) == []
+MONITORED_KINDS = (
+    "PrometheusRule",
+    "ServiceMonitor",
+    "VMRule",
+    "VMServiceScrape",
+    "GrafanaDashboard",
+)
+
+
+def kinds_rendered(documents: list[dict[str, Any]]) -> set[str]:
+    return {kind for kind in MONITORED_KINDS if by_kind(documents, kind)}
+
+
+def test_monitoring_objects_follow_the_apis_the_cluster_serves_unless_told() -> None:
+    """Cozystack's VMAgent selects every VMServiceScrape and its Grafana loads GrafanaDashboards:
+    on a cluster serving those APIs the chart is monitored without a word, and on one without them
+    it still installs. The sidecar ConfigMap stays opt-in."""
+    assert kinds_rendered(render()) == set()
+    assert by_kind(render(), "ConfigMap") == []
+    victoria = [f"operator.victoriametrics.com/v1beta1/{k}" for k in ("VMRule", "VMServiceScrape")]
+    grafana = ["grafana.integreatly.org/v1beta1/GrafanaDashboard"]
+    cozystack = render(api_versions=(CERT_MANAGER, *victoria, *grafana))
+    assert kinds_rendered(cozystack) == {"VMRule", "VMServiceScrape", "GrafanaDashboard"}
+    prometheus = [f"monitoring.coreos.com/v1/{k}" for k in ("PrometheusRule", "ServiceMonitor")]
+    assert kinds_rendered(render(api_versions=(CERT_MANAGER, *prometheus))) == {
+        "PrometheusRule", "ServiceMonitor"
+    }  # fmt: skip
+    told = render(
+        "monitoring.vmServiceScrape.enabled=false", api_versions=(CERT_MANAGER, *victoria)
+    )
+    assert kinds_rendered(told) == {"VMRule"}
     only_vm = render("monitoring.vmRule.enabled=true")
-    assert by_kind(only_vm, "PrometheusRule") == [] and len(by_kind(only_vm, "VMRule")) == 1
+    assert kinds_rendered(only_vm) == {"VMRule"}
+
+
+def test_grafana_operator_gets_the_same_dashboard_for_the_selected_instances() -> None:
+    """Cozystack runs Grafana with grafana-operator, which loads GrafanaDashboard objects."""
+    [grafana] = by_kind(render("monitoring.grafanaDashboard.enabled=true"), "GrafanaDashboard")
+    assert grafana["apiVersion"] == "grafana.integreatly.org/v1beta1"
+    assert json.loads(grafana["spec"]["json"]) == dashboard()
+    assert grafana["spec"]["instanceSelector"] == {"matchLabels": {"dashboards": "grafana"}}
+    assert grafana["spec"]["allowCrossNamespaceImport"] is True and "folder" not in grafana["spec"]
+    chosen = render(
+        "monitoring.grafanaDashboard.enabled=true",
+        "monitoring.grafanaDashboard.folder=GPU",
+        "monitoring.grafanaDashboard.instanceSelector.matchLabels.dashboards=mine",
+    )
+    [grafana] = by_kind(chosen, "GrafanaDashboard")
+    assert grafana["spec"]["folder"] == "GPU"
+    assert grafana["spec"]["instanceSelector"] == {"matchLabels": {"dashboards": "mine"}}
 
 
 def test_dashboard_configmap_holds_the_file_unchanged_with_the_sidecar_label() -> None:

@@ -157,6 +157,22 @@ true
 {{- and .Values.auth.enabled .Values.metrics.requireAuth -}}
 {{- end -}}
 
+{{/*
+A monitoring object: `enabled` true or false, or null for "where the cluster serves its API" (a
+render without the cluster passes --api-versions), so that an install on a cluster with the
+operator is monitored without a word, and one without it still installs.
+*/}}
+{{- define "gpuclass-hooks.monitored" -}}
+{{- $enabled := index . 0 -}}
+{{- $api := index . 1 -}}
+{{- $root := index . 2 -}}
+{{- if kindIs "bool" $enabled -}}
+{{- $enabled -}}
+{{- else -}}
+{{- $root.Capabilities.APIVersions.Has $api -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpuclass-hooks.scheme" -}}
 {{- if .Values.tls.enabled -}}https{{- else -}}http{{- end -}}
 {{- end -}}
