@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
-	image image-base image-test bugs e2e
+	image image-base image-test bugs e2e bench-metacontroller
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -80,6 +80,11 @@ bench-load: $(BIN)/gpuclass-hooks
 # service's scoped reads and the fresh-LIST baseline (about 15 minutes; needs make tools).
 bench-admission: $(BIN)/gpuclass-hooks tools
 	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.admission
+
+# Metacontroller's memory with the chart's controllers on generated clusters (docs/cozystack.md):
+# its informers hold every Node, Pod, Namespace and Secret. Needs `bash testenv/build.sh cluster`.
+bench-metacontroller: $(BIN)/gpuclass-hooks tools
+	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.metacontroller --sizes $(SIZES)
 
 # Each patch under mutation/bugs/ puts back a bug; make unit must fail on every one (a few
 # minutes; not in CI). NAMES='a b' checks only those patches.

@@ -23,6 +23,8 @@ from tests.e2e.cluster import GPU, Cluster, wait_for
 from tests.e2e.load import CHURN, ENTITLED, ENTITLED_LABEL, EXCEEDS, FITS
 from tests.e2e.steps import (
     COPY,
+    COZYSTACK,
+    doc_block,
     install_with_cert_manager,
     licensed_setup,
     remove_release,
@@ -42,9 +44,13 @@ def cluster() -> Cluster:
 
 
 @pytest.fixture(scope="session")
-def metacontroller(cluster: Cluster) -> None:
+def metacontroller(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Step 1: Metacontroller from its own chart (its source's, as no registry is reachable),
-    with the apply strategy docs/install.md recommends."""
+    with the values docs/cozystack.md gives it: two replicas under leader election, the apply
+    strategy docs/install.md recommends, and a ClusterRole of only what the two controllers need
+    (every test after this one shows it is enough)."""
+    values = tmp_path_factory.mktemp("metacontroller") / "values.yaml"
+    values.write_text(doc_block("with these values:", COZYSTACK, language="yaml"))
     cluster.helm(
         "install",
         "metacontroller",
@@ -52,15 +58,14 @@ def metacontroller(cluster: Cluster) -> None:
         "--namespace",
         "metacontroller",
         "--create-namespace",
+        "--values",
+        str(values),
         "--set",
         "image.repository=e2e.local/metacontroller",
         "--set",
         "image.tag=1",
         "--set",
         "image.pullPolicy=Never",
-        "--set-json",
-        'commandArgs=["--zap-log-level=4","--discovery-interval=20s",'
-        '"--apply-strategy=server-side-apply"]',
         "--wait",
         "--timeout=180s",
     )

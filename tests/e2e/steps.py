@@ -14,6 +14,7 @@ from tests.e2e.cluster import CHART, GPU, NAMESPACE, RELEASE, Cluster
 
 INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
 OPERATING = INSTALL.parent / "operating.md"
+COZYSTACK = INSTALL.parent / "cozystack.md"
 IMAGE_FLAGS = (
     "--set image.repository=docker.io/library/gpuclass-hooks --set image.tag=dev "
     "--set image.pullPolicy=Never --wait --timeout=180s"
@@ -21,13 +22,13 @@ IMAGE_FLAGS = (
 LICENSE_RESYNC_SECONDS = 300  # the chart's controllers.licenseResyncPeriodSeconds
 
 
-def doc_block(after: str, document: Path = INSTALL) -> str:
-    """The first shell block of the document (docs/install.md) after the line that holds
-    `after`."""
+def doc_block(after: str, document: Path = INSTALL, language: str = "sh") -> str:
+    """The first block of this language (a shell block by default) of the document
+    (docs/install.md) after the line that holds `after`."""
     text = document.read_text()
     start = text.index(after)
-    match = re.compile(r"```sh\n(.*?)```", re.S).search(text, start)
-    assert match is not None, f"no shell block after {after!r} in {document.name}"
+    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
+    assert match is not None, f"no {language} block after {after!r} in {document.name}"
     return match.group(1)
 
 
