@@ -353,6 +353,16 @@ def gpus(*resources: str) -> list[dict[str, str]]:
     return [{"name": r} for r in resources]
 
 
+def app_object(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A Cozystack app (VMInstance, KubernetesNodes, Tenant) as its API serves it."""
+    return {
+        "apiVersion": "apps.cozystack.io/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
 def admission_review(
     kind: str,
     namespace: str,
@@ -370,12 +380,7 @@ def admission_review(
     }[kind]
 
     def app(app_spec: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "apiVersion": "apps.cozystack.io/v1alpha1",
-            "kind": kind,
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": app_spec,
-        }
+        return app_object(kind, namespace, name, app_spec)
 
     return {
         "apiVersion": "admission.k8s.io/v1",

@@ -24,7 +24,7 @@ from hooks.kubeapi.budget import release_object
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.tenancy import Tenant
 from hooks.wire.admission import decode_review
-from tests.builders import GPU, admission_review, gpus, helmrelease
+from tests.builders import GPU, admission_review, app_object, gpus, helmrelease
 from tests.chart import by_kind, render
 from tests.controllers.test_budget import Inputs
 from tests.controlplane import ControlPlane, collection_path, control_plane, manifests, object_path
@@ -61,15 +61,6 @@ OLD = {
 }
 
 
-def app(kind: str, namespace: str, name: str, app_spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps.cozystack.io/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": app_spec,
-    }
-
-
 def closed_port() -> int:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -86,7 +77,7 @@ def unanswered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlan
             kube.namespace(namespace)
         for kind, olds in OLD.items():
             for index, old in enumerate(olds):
-                assert create(kube, app(kind, POOL, f"old-{index}", old)) == 201
+                assert create(kube, app_object(kind, POOL, f"old-{index}", old)) == 201
         ca = trustme.CA()
         [configuration] = by_kind(
             render("admission.enabled=true", f"tls.trustBundle={ca.cert_pem.bytes().decode()}"),
@@ -100,7 +91,7 @@ def unanswered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlan
                 "caBundle": webhook["clientConfig"]["caBundle"],
             }
         kube.apply(configuration)
-        probe = app("VMInstance", POOL, "probe", {"gpus": gpus(GPU)})
+        probe = app_object("VMInstance", POOL, "probe", {"gpus": gpus(GPU)})
         for _ in range(100):  # the API server picks the configuration up from its informer
             if create(kube, probe, dry_run=True) == 500:
                 break
@@ -116,6 +107,11 @@ def update(kube: ControlPlane, document: dict[str, Any]) -> int:
     stored = kube.request("GET", object_path(document)).json()
     changed = {**document, "metadata": {**document["metadata"], **stored["metadata"]}}
     return kube.request("PUT", object_path(document) + "?dryRun=All", changed).status_code
+
+
+def creating_sends(kube: ControlPlane, kind: str, namespace: str, app_spec: dict[str, Any]) -> bool:
+    """Whether a (dry-run) create of this app reaches the webhook."""
+    return sent(create(kube, app_object(kind, namespace, "new", app_spec), dry_run=True))
 
 
 def sent(code: int) -> bool:
@@ -142,12 +138,12 @@ def test_what_passes_the_match_conditions_unjudged_the_webhook_would_admit(
     unanswered: ControlPlane, kind: str
 ) -> None:
     passed = 0
-    for index, app_spec in enumerate(shapes(kind)):
-        if not sent(create(unanswered, app(kind, POOL, f"new-{index}", app_spec), dry_run=True)):
+    for app_spec in shapes(kind):
+        if not creating_sends(unanswered, kind, POOL, app_spec):
             judged_harmless(kind, app_spec, None)
             passed += 1
         for number, old in enumerate(OLD[kind]):
-            if not sent(update(unanswered, app(kind, POOL, f"old-{number}", app_spec))):
+            if not sent(update(unanswered, app_object(kind, POOL, f"old-{number}", app_spec))):
                 judged_harmless(kind, app_spec, old)
                 passed += 1
     assert passed > 0  # the conditions let something through
@@ -171,7 +167,7 @@ def test_what_passes_the_match_conditions_unjudged_the_webhook_would_admit(
 def test_with_the_service_stopped_only_what_a_rule_judges_is_refused(
     unanswered: ControlPlane, kind: str, app_spec: dict[str, Any], refused: bool
 ) -> None:
-    assert sent(create(unanswered, app(kind, POOL, "stopped", app_spec), dry_run=True)) is refused
+    assert creating_sends(unanswered, kind, POOL, app_spec) is refused
 
 
 def test_outside_tenant_namespaces_nothing_is_sent(unanswered: ControlPlane) -> None:
@@ -180,4 +176,4 @@ def test_outside_tenant_namespaces_nothing_is_sent(unanswered: ControlPlane) -> 
         ("VMInstance", {"gpus": gpus(GPU)}),
         ("Tenant", {"resourceQuotas": {TOTAL_KEY: "1"}}),
     ):
-        assert not sent(create(unanswered, app(kind, "cozy-system", "x", app_spec), dry_run=True))
+        assert not creating_sends(unanswered, kind, "cozy-system", app_spec)

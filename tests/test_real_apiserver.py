@@ -32,7 +32,7 @@ from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
-from tests.builders import GPU, gpus, helmrelease, node, status_sync_request
+from tests.builders import GPU, app_object, gpus, helmrelease, node, status_sync_request
 from tests.chart import CHART, PLAIN, helm, render
 from tests.controlplane import (
     ADMIN_TOKEN,
@@ -99,6 +99,21 @@ def hook_pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+def tls_secret(namespace: str, name: str, files: dict[str, bytes]) -> dict[str, Any]:
+    """A kubernetes.io/tls Secret holding these keys (tls.crt, tls.key, ca.crt)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": name, "namespace": namespace},
+        "data": {key: base64.b64encode(value).decode() for key, value in files.items()},
+    }
+
+
+def pki_files(paths: dict[str, Path]) -> dict[str, bytes]:
+    return {key: path.read_bytes() for key, path in paths.items()}
+
+
 LOOPBACK_API_SERVER = "networkPolicy.apiServerCIDRs={127.0.0.1/32}"
 INSTALL_VALUES = (
     "tls.enabled=true",
@@ -118,17 +133,7 @@ def installed(kube: ControlPlane, hook_pki: dict[str, Path]) -> list[dict[str, A
     webhook) after Metacontroller's CRDs; the objects helm created, as it rendered them."""
     kube.apply(*manifests("metacontroller-crds.yaml"))
     kube.namespace(NAMESPACE)
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": f"{FULLNAME}-tls", "namespace": NAMESPACE},
-            "data": {
-                key: base64.b64encode(path.read_bytes()).decode() for key, path in hook_pki.items()
-            },
-        }
-    )
+    kube.apply(tls_secret(NAMESPACE, f"{FULLNAME}-tls", pki_files(hook_pki)))
     command = [helm(), "install", RELEASE, str(CHART), "--namespace", NAMESPACE]
     command += ["--kubeconfig", str(kube.kubeconfig)]
     for value in INSTALL_VALUES:
@@ -477,15 +482,6 @@ def webhook_server(
         yield server
 
 
-def app_object(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps.cozystack.io/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": spec,
-    }
-
-
 def store(kube: ControlPlane, kind: str, namespace: str, name: str, values: dict[str, Any]) -> None:
     """What Cozystack stores for an app: a HelmRelease labelled with its kind and name."""
     kube.apply(helmrelease(kind, namespace, name, values))
@@ -657,15 +653,7 @@ def walk_the_upgrade(kube: ControlPlane, hook_pki: dict[str, Path]) -> None:
     fullname = f"{release}-gpuclass-hooks"
     kube.apply(*manifests("metacontroller-crds.yaml"))
     kube.namespace(namespace)
-    kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": f"{fullname}-tls", "namespace": namespace},
-            "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
-        }
-    )
+    kube.apply(tls_secret(namespace, f"{fullname}-tls", pki_files(hook_pki)))
     steps = [
         ("install", (*PLAIN, LOOPBACK_API_SERVER)),
         ("upgrade", ("tls.enabled=true", f"tls.existingSecret={fullname}-tls")),
@@ -724,15 +712,7 @@ def test_an_upgrade_that_sets_neither_the_gpu_switch_nor_admission_keeps_both(
     with control_plane(tmp_path) as kube:
         kube.apply(*manifests("metacontroller-crds.yaml"))
         kube.namespace(namespace)
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": f"{fullname}-tls", "namespace": namespace},
-                "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
-            }
-        )
+        kube.apply(tls_secret(namespace, f"{fullname}-tls", pki_files(hook_pki)))
         base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
         secret = f"tls.existingSecret={fullname}-tls"
         base += ["--set", LOOPBACK_API_SERVER]
@@ -803,15 +783,7 @@ def test_the_crd_upgrades_with_the_chart_and_outlives_it(
     with control_plane(tmp_path) as kube:
         kube.apply(*manifests("metacontroller-crds.yaml"), older)
         kube.namespace(namespace)
-        kube.apply(
-            {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {"name": f"{release}-tls", "namespace": namespace},
-                "data": {k: base64.b64encode(p.read_bytes()).decode() for k, p in hook_pki.items()},
-            }
-        )
+        kube.apply(tls_secret(namespace, f"{release}-tls", pki_files(hook_pki)))
         base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
         values = ["--set", f"tls.existingSecret={release}-tls", "--set", LOOPBACK_API_SERVER]
         install = [helm(), "upgrade", "--install", release, str(CHART), *base, *values]
@@ -860,18 +832,11 @@ def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_up
         "client": ca.issue_cert("metacontroller"),
     }
 
-    def tls_secret(name: str, which: str) -> dict[str, Any]:
-        data = {
+    def issued(which: str) -> dict[str, bytes]:
+        return {
             "tls.crt": pem[which].cert_chain_pems[0].bytes(),
             "tls.key": pem[which].private_key_pem.bytes(),
             "ca.crt": ca.cert_pem.bytes(),
-        }
-        return {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": name, "namespace": namespace},
-            "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
         }
 
     values = (
@@ -884,7 +849,10 @@ def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_up
     with control_plane(tmp_path) as kube:
         kube.apply(*manifests("metacontroller-crds.yaml"))
         kube.namespace(namespace)
-        kube.apply(tls_secret(f"{fullname}-tls", "tls"), tls_secret(f"{fullname}-client", "client"))
+        kube.apply(
+            tls_secret(namespace, f"{fullname}-tls", issued("tls")),
+            tls_secret(namespace, f"{fullname}-client", issued("client")),
+        )
         base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
 
         def helm_upgrade(*flags: str) -> dict[str, str]:
