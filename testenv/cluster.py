@@ -157,9 +157,9 @@ def cluster_pids(cluster: Cluster) -> set[int]:
     listed = sh("ip", "netns", "pids", cluster.name, check=False).stdout.split()
     pids = {int(pid) for pid in listed}
     for hierarchy in cgroup_hierarchies():
-        for procs in (hierarchy / CGROUP_ROOT).rglob("cgroup.procs"):
+        for cgroup in cgroups_under(hierarchy / CGROUP_ROOT):
             with contextlib.suppress(OSError):
-                pids.update(int(pid) for pid in procs.read_text().split())
+                pids.update(int(pid) for pid in (cgroup / "cgroup.procs").read_text().split())
     return pids - {os.getpid()}
 
 
@@ -205,6 +205,14 @@ def cgroup_hierarchies() -> list[Path]:
     return [path for path in root.iterdir() if path.is_dir() and not path.is_symlink()]
 
 
+def cgroups_under(top: Path) -> list[Path]:
+    """Every cgroup below top and top itself, deepest first. Containers end while this walks
+    (the cgroups of a stopping cluster vanish under it): a folder gone is skipped, not an
+    error."""
+    found = [Path(folder) for folder, _, _ in os.walk(top)]  # os.walk skips what vanishes
+    return sorted(found, key=lambda path: -len(path.parts))
+
+
 def make_cgroups() -> None:
     for hierarchy in cgroup_hierarchies():
         (hierarchy / CGROUP_ROOT).mkdir(exist_ok=True)
@@ -213,14 +221,8 @@ def make_cgroups() -> None:
 def remove_cgroups() -> None:
     """Depth first: a cgroup goes only once its children have."""
     for hierarchy in cgroup_hierarchies():
-        top = hierarchy / CGROUP_ROOT
-        if not top.exists():
-            continue
-        for folder in sorted(
-            (path for path in top.rglob("*") if path.is_dir()), key=lambda p: -len(p.parts)
-        ):
+        for folder in cgroups_under(hierarchy / CGROUP_ROOT):
             rmdir_when_empty(folder)
-        rmdir_when_empty(top)
 
 
 def rmdir_when_empty(cgroup: Path) -> None:
@@ -230,6 +232,8 @@ def rmdir_when_empty(cgroup: Path) -> None:
         try:
             cgroup.rmdir()
             return
+        except FileNotFoundError:
+            return  # the kernel took it with its last process
         except OSError:
             if time.monotonic() > deadline:
                 raise
