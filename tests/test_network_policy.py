@@ -11,6 +11,9 @@ import pytest
 
 from tests.chart import API_SERVERS, by_kind, one, render, template
 
+# Renders the chart with helm (`make tools`).
+pytestmark = pytest.mark.tools
+
 NAMESPACE = "cozy-gpu"
 RELEASE_LABELS = {"app.kubernetes.io/name": "gpuclass-hooks", "app.kubernetes.io/instance": "gpu"}
 
