@@ -134,6 +134,13 @@ true
 
 {{/* Refuse to render what could not start: a pod mounting a Secret that nothing creates. */}}
 {{- define "gpuclass-hooks.validate" -}}
+{{- /* `helm upgrade --reuse-values` from an earlier version of the chart renders with that
+       version's values: what this one added is missing, and would render as empty. */}}
+{{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" }}
+{{- if not (hasKey $.Values $key) }}
+{{- fail (printf "values of an earlier version of this chart (no %s): upgrade to a new chart version with helm upgrade --reset-then-reuse-values (Helm 3.14+), which keeps your values and takes this chart's defaults for what it adds; --reuse-values keeps only the old ones" $key) }}
+{{- end }}
+{{- end }}
 {{- $certManager := eq (include "gpuclass-hooks.certManager" .) "true" -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not $certManager) -}}
 {{- if .Values.tls.certManager.enabled -}}
