@@ -816,6 +816,70 @@ def test_the_crd_upgrades_with_the_chart_and_outlives_it(
         assert kube.request("GET", "/apis/cozystack.io/v1alpha1/gpuclasses/l40s").status_code == 200
 
 
+# The last release of the chart before the day-two defaults (NetworkPolicy, admission on, the
+# Service on 443, the CRD as a template), as landed.
+EARLIER_RELEASE = "1fd160a"
+
+
+@pytest.mark.tools
+def test_an_upgrade_from_the_earlier_release_as_documented_keeps_every_setting(
+    hook_pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """docs/install.md, step 7: from the earlier release, the CRD handed over once, then `helm
+    upgrade --reset-then-reuse-values`. `--reuse-values` is refused naming that flag; the
+    documented one keeps what was set, takes the new defaults, and keeps the old Service port."""
+    release, namespace = "gpuclass-hooks", "cozy-gpu"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(CHART.parent), "archive", EARLIER_RELEASE, "metacontroller"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(earlier)], input=archive, check=True, timeout=60)
+    plane = tmp_path / "plane"
+    plane.mkdir()
+    with control_plane(plane) as kube:
+        kube.apply(*manifests("metacontroller-crds.yaml"))
+        kube.namespace(namespace)
+        kube.apply(tls_secret(namespace, f"{release}-tls", pki_files(hook_pki)))
+        base = ["--namespace", namespace, "--kubeconfig", str(kube.kubeconfig)]
+        values = ["--set", f"tls.existingSecret={release}-tls", "--set", "admission.enabled=true"]
+        values += ["--set", "gpuOperator.variant=vgpu"]
+        installed = subprocess.run(
+            [helm(), "install", release, str(earlier / "metacontroller"), *base, *values],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert installed.returncode == 0, installed.stderr
+        labels, annotations = documented_crd_adoption()
+        kube.request(
+            "PATCH",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuclasses.cozystack.io",
+            {"metadata": {"labels": labels, "annotations": annotations}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        ).raise_for_status()
+        upgrade = [helm(), "upgrade", release, str(CHART), *base, "--set", LOOPBACK_API_SERVER]
+        reused = subprocess.run([*upgrade, "--reuse-values"], capture_output=True, text=True)
+        assert reused.returncode != 0 and "--reset-then-reuse-values" in reused.stderr
+        upgraded = subprocess.run(
+            [*upgrade, "--reset-then-reuse-values"], capture_output=True, text=True, timeout=180
+        )
+        assert upgraded.returncode == 0, upgraded.stderr
+        rendered = helm_get("manifest", kube, release, namespace)
+        env = {
+            e["name"]: e.get("value")
+            for d in rendered
+            if d["kind"] == "Deployment"
+            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["GPUCLASS_ENABLED"] == "true"
+        kinds = {d["kind"] for d in rendered}
+        assert {"ValidatingWebhookConfiguration", "NetworkPolicy"} <= kinds
+        [service] = [d for d in rendered if d["kind"] == "Service"]
+        assert {p["port"] for p in service["spec"]["ports"]} >= {443, 80}
+
+
 @pytest.mark.tools
 def test_a_credential_rotated_in_its_secret_changes_the_hook_urls_on_the_next_upgrade(
     tmp_path: Path,
