@@ -30,6 +30,10 @@ SETTLE_SECONDS = 5
 DENIED_BY_THE_WEBHOOK = 'admission webhook "gpu-budget.gpuclass.cozystack.io" denied the request'
 # Metacontroller's line for a sync that failed, whatever failed in it (a hook call, an apply).
 SYNC_FAILED = "failed to sync gpuclass-"
+# Metacontroller cancels the hook calls in flight when it stops a controller to rebuild it (a
+# change of the controllers' spec, as every rotation makes); the rebuilt controller syncs again
+# at once. The hooks refused nothing: such lines are counted apart.
+SYNC_CANCELED = "context canceled"
 
 
 def message(answer: requests.Response) -> str:
@@ -68,6 +72,7 @@ class Outcomes:
     churn_changes: int = 0
     watch_failures: list[str] = field(default_factory=list)
     sync_failures: list[str] = field(default_factory=list)
+    syncs_canceled_by_rebuild: list[str] = field(default_factory=list)
     # A thread of the load that failed itself (the load is then not what it claims to be).
     load_errors: list[str] = field(default_factory=list)
 
@@ -110,9 +115,9 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=60)
-        self.outcomes.sync_failures = self._metacontroller_sync_failures()[
-            self._synced_failures_before :
-        ]
+        failed = self._metacontroller_sync_failures()[self._synced_failures_before :]
+        self.outcomes.sync_failures = [line for line in failed if SYNC_CANCELED not in line]
+        self.outcomes.syncs_canceled_by_rebuild = [line for line in failed if SYNC_CANCELED in line]
 
     def _guarded(self, work: Callable[[], None]) -> None:
         try:

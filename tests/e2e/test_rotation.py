@@ -158,6 +158,7 @@ def test_a_client_certificate_rotation_as_documented_refuses_no_call(
     first = wait_for(
         "the client certificate", lambda: cluster.secret_data(NAMESPACE, client_secret)
     )
+    upgrade(cluster)  # docs/operating.md: once the Secret is issued, the same upgrade once more
     wait_for(
         "Metacontroller presenting it",
         lambda: presented_client_certificate_ends(cluster) == {not_after(first["tls.crt"])},
