@@ -32,7 +32,7 @@ import yaml
 
 from bench.cluster import SIZES, generate
 from tests.chart import PLAIN, render
-from tests.controlplane import ControlPlane, control_plane, manifests
+from tests.controlplane import ControlPlane, binary, control_plane, manifests
 from tests.live import free_port, live_server
 
 ROOT = Path(__file__).parent.parent
@@ -42,18 +42,6 @@ SECRETS = {"S": 500, "M": 5_000, "L": 20_000}
 SECRET_BYTES = 4096
 TENANT_NAMESPACES = 100
 HEADER = "size  nodes   pods  secrets  stored MB  rss MiB  peak MiB  heap MiB  synced s"
-
-
-def tools() -> Path:
-    cache = os.environ.get("GPUCLASS_TESTENV_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuclass-hooks/testenv"
-    )
-    binary = Path(cache) / "metacontroller"
-    if not binary.exists():
-        raise SystemExit(
-            f"{binary} is missing: `make tools` builds it (bash testenv/build.sh cluster)"
-        )
-    return binary
 
 
 def stored(obj: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +157,7 @@ def synced(plane: ControlPlane, classes: Sequence[str]) -> bool:
 
 
 def measure(size: str, workdir: Path) -> str:
-    binary = tools()
+    metacontroller = binary("metacontroller")  # the tools cache, on PATH (make tools)
     with control_plane(workdir) as plane:
         plane.apply(*manifests("metacontroller-crds.yaml"))
         plane.apply(
@@ -185,7 +173,7 @@ def measure(size: str, workdir: Path) -> str:
             metrics_port, pprof_port = free_port(), free_port()
             process = subprocess.Popen(
                 [
-                    str(binary),
+                    metacontroller,
                     f"--metrics-address=127.0.0.1:{metrics_port}",
                     f"--health-probe-bind-address=127.0.0.1:{free_port()}",
                     "--discovery-interval=5s",
