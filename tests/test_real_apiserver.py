@@ -768,6 +768,19 @@ def documented_crd_adoption() -> tuple[dict[str, str], dict[str, str]]:
     return labels, annotations
 
 
+def hand_over_crd(kube: ControlPlane) -> dict[str, str]:
+    """docs/install.md's one-time commands, as API calls: the CRD an earlier release left from
+    crds/ labelled and annotated for the release; the annotations set."""
+    labels, annotations = documented_crd_adoption()
+    kube.request(
+        "PATCH",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuclasses.cozystack.io",
+        {"metadata": {"labels": labels, "annotations": annotations}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    ).raise_for_status()
+    return annotations
+
+
 @pytest.mark.tools
 def test_the_crd_upgrades_with_the_chart_and_outlives_it(
     hook_pki: dict[str, Path], tmp_path: Path
@@ -789,15 +802,9 @@ def test_the_crd_upgrades_with_the_chart_and_outlives_it(
         install = [helm(), "upgrade", "--install", release, str(CHART), *base, *values]
         refused = subprocess.run(install, capture_output=True, text=True, timeout=180)
         assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr
-        labels, annotations = documented_crd_adoption()
+        annotations = hand_over_crd(kube)
         assert annotations["meta.helm.sh/release-name"] == release
         assert annotations["meta.helm.sh/release-namespace"] == namespace
-        kube.request(
-            "PATCH",
-            path,
-            {"metadata": {"labels": labels, "annotations": annotations}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        ).raise_for_status()
         adopted = subprocess.run(install, capture_output=True, text=True, timeout=180)
         assert adopted.returncode == 0, adopted.stderr
         stored = kube.request("GET", path).json()
@@ -852,13 +859,7 @@ def test_an_upgrade_from_the_earlier_release_as_documented_keeps_every_setting(
             capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         assert installed.returncode == 0, installed.stderr
-        labels, annotations = documented_crd_adoption()
-        kube.request(
-            "PATCH",
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuclasses.cozystack.io",
-            {"metadata": {"labels": labels, "annotations": annotations}},
-            headers={"Content-Type": "application/merge-patch+json"},
-        ).raise_for_status()
+        hand_over_crd(kube)
         upgrade = [helm(), "upgrade", release, str(CHART), *base, "--set", LOOPBACK_API_SERVER]
         reused = subprocess.run([*upgrade, "--reuse-values"], capture_output=True, text=True)
         assert reused.returncode != 0 and "--reset-then-reuse-values" in reused.stderr
