@@ -64,10 +64,20 @@ def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def test_helm_lint_of_the_defaults_fails_where_the_render_fails() -> None:
+    """helm lint reads no cluster: the defaults cannot render there (admission needs the API
+    servers' addresses and a CA), and lint fails as `helm template` does, with the reason."""
+    result = helm_run("lint", str(CHART))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "[ERROR] templates/" in output and "the-chart-refuses-these-values" in output, output
+    assert "Fail: networkPolicy.enabled with admission.enabled" in output, output
+
+
 def test_helm_lint_passes() -> None:
-    # helm lint cannot be told which APIs the cluster serves, and only notes a template's `fail`:
-    # it lints the defaults with a named Secret and the CA that signed it (admission, on by
-    # default, needs a CA it can read), so that every template renders.
+    # helm lint cannot be told which APIs the cluster serves: it lints the defaults with a named
+    # Secret and the CA that signed it (admission, on by default, needs a CA it can read) and the
+    # API servers' addresses, so that every template renders.
     ca = trustme.CA().cert_pem.bytes().decode()
     args = ["--kube-version", KUBE_VERSION, "--set", "tls.existingSecret=lint-tls"]
     args += ["--set", f"tls.trustBundle={ca}", "--set", API_SERVERS_SET]

@@ -132,29 +132,35 @@ true
 {{- end -}}
 {{- end -}}
 
+{{- /* Refuse to render, with the reason. `helm lint` only notes a `fail` and goes on, so what
+       follows it is YAML no parser accepts: lint then fails where install and template do. */}}
+{{- define "gpuclass-hooks.refuse" }}{{ fail . }}
+refused: *the-chart-refuses-these-values-see-the-Fail-line-above
+{{- end }}
+
 {{/* Refuse to render what could not start: a pod mounting a Secret that nothing creates. */}}
 {{- define "gpuclass-hooks.validate" -}}
 {{- /* `helm upgrade --reuse-values` from an earlier version of the chart renders with that
        version's values: what this one added is missing, and would render as empty. */}}
 {{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" }}
 {{- if not (hasKey $.Values $key) }}
-{{- fail (printf "values of an earlier version of this chart (no %s): upgrade to a new chart version with helm upgrade --reset-then-reuse-values (Helm 3.14+), which keeps your values and takes this chart's defaults for what it adds; --reuse-values keeps only the old ones" $key) }}
+{{- include "gpuclass-hooks.refuse" (printf "values of an earlier version of this chart (no %s): upgrade to a new chart version with helm upgrade --reset-then-reuse-values (Helm 3.14+), which keeps your values and takes this chart's defaults for what it adds; --reuse-values keeps only the old ones" $key) }}
 {{- end }}
 {{- end }}
 {{- $certManager := eq (include "gpuclass-hooks.certManager" .) "true" -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not $certManager) -}}
 {{- if .Values.tls.certManager.enabled -}}
-{{- fail "tls.enabled needs a serving certificate: install cert-manager (the cluster serves no cert-manager.io/v1; with helm template pass --api-versions cert-manager.io/v1), or set tls.existingSecret to a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt. Plain HTTP only with tls.enabled=false, auth.enabled=false and admission.enabled=false." -}}
+{{- include "gpuclass-hooks.refuse" "tls.enabled needs a serving certificate: install cert-manager (the cluster serves no cert-manager.io/v1; with helm template pass --api-versions cert-manager.io/v1), or set tls.existingSecret to a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt. Plain HTTP only with tls.enabled=false, auth.enabled=false and admission.enabled=false." -}}
 {{- else -}}
-{{- fail "tls.enabled with tls.certManager.enabled=false needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt." -}}
+{{- include "gpuclass-hooks.refuse" "tls.enabled with tls.certManager.enabled=false needs tls.existingSecret: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt." -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.tls.clientAuth.enabled -}}
 {{- if not .Values.tls.enabled -}}
-{{- fail "tls.clientAuth.enabled needs tls.enabled." -}}
+{{- include "gpuclass-hooks.refuse" "tls.clientAuth.enabled needs tls.enabled." -}}
 {{- end -}}
 {{- if and (not $certManager) (not .Values.tls.clientAuth.existingSecret) -}}
-{{- fail "tls.clientAuth.enabled without cert-manager issuing the certificates needs tls.clientAuth.existingSecret: the kubernetes.io/tls Secret Metacontroller presents, signed by tls.existingSecret's ca.crt." -}}
+{{- include "gpuclass-hooks.refuse" "tls.clientAuth.enabled without cert-manager issuing the certificates needs tls.clientAuth.existingSecret: the kubernetes.io/tls Secret Metacontroller presents, signed by tls.existingSecret's ca.crt." -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
