@@ -6,7 +6,6 @@ served on ports of their own (`hooks.listeners`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -88,9 +87,10 @@ class _Calls:
 
     def record(self, response: Response) -> Response:
         call = http.current_call()
-        seconds = time.perf_counter() - call.started
         route = http.route_template()
-        self.metrics.observe_call(route, response.status_code, seconds, call.body_bytes or 0)
+        self.metrics.observe_call(
+            route, response.status_code, call.elapsed_seconds(), call.body_bytes or 0
+        )
         http.log_call(response)
         return response
 
@@ -104,11 +104,15 @@ class _Calls:
     def serve(self, hook: Hook) -> Callable[[], Response]:
         def view() -> Response:
             length = request.content_length or 0
-            body_seconds = self.settings.body_deadline_seconds(length)
+            # One hook timeout per call, from its first check: what it waited for the memory
+            # budget is not given again to its body or its child (the caller's clock runs too).
+            elapsed = http.current_call().elapsed_seconds()
+            left = max(0.0, self.settings.hook_timeout_seconds - elapsed)
+            body_seconds = min(self.settings.body_deadline_seconds(length), left)
             if self._runs_apart(hook, length):
                 return http.answer(
                     hook.path,
-                    lambda: self._computed_apart(hook, length, body_seconds),
+                    lambda: self._computed_apart(hook, length, body_seconds, left),
                     self.metrics,
                 )
 
@@ -123,16 +127,19 @@ class _Calls:
         limit = self.apart_from_bytes
         return hook.forkable and limit is not None and limit <= length
 
-    def _computed_apart(self, hook: Hook, length: int, body_seconds: float) -> Answer:
-        """The call computed in a child, its outcome counted (`answered`, `bad_request`, the
-        child's failure, or `not_read` when the body never arrived whole)."""
+    def _computed_apart(
+        self, hook: Hook, length: int, body_seconds: float, left_seconds: float
+    ) -> Answer:
+        """The call computed in a child within what is left of its hook timeout, its outcome
+        counted (`answered`, `bad_request`, the child's failure, or `not_read` when the body
+        never arrived whole)."""
         settings = self.settings
         inputs = forked.Inputs(settings, self.inputs.clock())
         chunks = _read(length, body_seconds)
         outcome = "not_read"
         try:
             result = forked.compute(
-                hook, inputs, self.inputs.kubevirt, chunks, length, settings.hook_timeout_seconds
+                hook, inputs, self.inputs.kubevirt, chunks, length, left_seconds
             )
             outcome = "answered"
             return result

@@ -43,6 +43,9 @@ class Call:
     log_fields: dict[str, Any] = field(default_factory=dict)
     memory: Admitted | None = None  # its share of the memory budget, until released
 
+    def elapsed_seconds(self) -> float:
+        return time.perf_counter() - self.started
+
 
 def begin_call() -> Call:
     g.call = Call(time.perf_counter())
@@ -120,7 +123,7 @@ def log_call(response: Response) -> None:
         fields.update(outcome="refused", error=said)
     if call.body_bytes is not None:
         fields["body_bytes"] = call.body_bytes
-    duration = time.perf_counter() - call.started
+    duration = call.elapsed_seconds()
     fields.update(code=response.status_code, duration_ms=round(1000 * duration, 1))
     log(logging.INFO, "hook call", **fields)
 

@@ -122,6 +122,33 @@ def test_a_stalled_body_gets_408_and_gives_back_its_reservation_and_its_child(
     assert [(c["code"], c["route"]) for c in logged] == [(408, "/status/sync")]
 
 
+@pytest.mark.parametrize(
+    "size", [16_000, LARGE_BODY_BYTES + 256 * 1024], ids=["small, in its thread", "large, apart"]
+)
+def test_a_body_sent_at_the_minimum_rate_is_read_whole_past_the_body_timeout(
+    apiserver: FakeApiServer, token_file: Path, tmp_path: Path, size: int
+) -> None:
+    """A body's deadline is the body timeout plus what its size needs at the minimum rate, on
+    both paths: one that arrives steadily above that rate, yet takes longer than the body
+    timeout alone, is answered."""
+    deadline_seconds = 5.0  # the body timeout's one second and four at the minimum rate
+    rate = size // 4
+    env = settings_env(apiserver, token_file, GPUCLASS_BODY_MIN_BYTES_PER_SECOND=str(rate))
+    example = example_of("/status/sync")
+    body = b" " * (size - len(example)) + example
+    with live_server(env, tmp_path) as server, stalled(server, size) as client:
+        started = time.monotonic()
+        pieces = 20
+        for number in range(pieces):  # evenly over half the deadline: twice the body timeout
+            client.sendall(body[number * size // pieces : (number + 1) * size // pieces])
+            time.sleep(deadline_seconds / 2 / pieces)
+        code, answer = answer_of(client, within=20)
+        took = time.monotonic() - started
+    assert code == 200, answer
+    assert "status" in answer
+    assert 2 < took < deadline_seconds, took
+
+
 def test_a_trickling_body_is_cut_off_a_moment_after_its_deadline(
     apiserver: FakeApiServer, token_file: Path, tmp_path: Path
 ) -> None:
