@@ -108,8 +108,17 @@ def start() -> None:
     first large call then does not wait for it, and a worker that is up has one ready. A fork
     server that cannot start stops the worker here, at boot, and gunicorn says why."""
     ready = _CONTEXT.Process(target=_nothing)
-    ready.start()  # the fork server forks only once its imports are done
+    try:
+        ready.start()  # the fork server forks only once its imports are done
+    except (OSError, EOFError) as error:
+        raise ForkServerFailed(
+            f"the fork server for large calls did not start ({error!r})"
+        ) from None
     ready.join()
+
+
+class ForkServerFailed(RuntimeError):
+    """The worker cannot compute large calls: it must not serve."""
 
 
 def _nothing() -> None:

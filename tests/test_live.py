@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,7 +17,7 @@ import requests
 from bench.run import process_tree
 from hooks.memory import LARGE_BODY_BYTES
 from tests.apiserver import FakeApiServer
-from tests.live import live_server
+from tests.live import free_port, live_server
 
 # Starts the real server (gunicorn) in a process of its own.
 pytestmark = pytest.mark.live
@@ -66,9 +71,6 @@ def test_serve_answers_status_sync(
 
 
 def test_serve_refuses_invalid_settings_with_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     result = subprocess.run(
         [sys.executable, "-m", "hooks.cli", "serve"],
         env={"GPUCLASS_POD_SELECTOR": "a in (", "PATH": "/usr/bin:/bin"},
@@ -134,3 +136,63 @@ def test_every_line_the_server_writes_is_json_from_the_set_level(
         assert any(line["event"].startswith("Booting worker") for line in gunicorn)
     else:
         assert levels <= {"warning", "error", "critical"}, lines
+
+
+def boot(
+    env: dict[str, str], tmp_path: Path, health_port: int | None = None
+) -> tuple[int | None, str, bool]:
+    """`serve` started as the pod starts it: its exit code (None if still running after 30 s),
+    its output, and whether /readyz ever answered 200 meanwhile."""
+    port, metrics_port = free_port(), free_port()
+    health_port = health_port or free_port()
+    command = [sys.executable, "-m", "hooks.cli", "serve", "--bind", f"127.0.0.1:{port}"]
+    command += [f"--health-port={health_port}", f"--metrics-port={metrics_port}"]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLASS_")} | env
+    log = tmp_path / "boot.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    ready = False
+    deadline = time.monotonic() + 30
+    try:
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                answer = requests.get(f"http://127.0.0.1:{health_port}/readyz", timeout=1)
+                ready = ready or answer.status_code == 200
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        code = process.poll()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return code, log.read_text(), ready
+
+
+def test_a_worker_whose_fork_server_cannot_start_fails_the_boot_and_is_never_ready(
+    tmp_path: Path,
+) -> None:
+    """A worker that reported ready without a fork server would fail every large call: the
+    boot fails instead, saying so, and the kubelet restarts the container."""
+    broken = tmp_path / "site"
+    broken.mkdir()
+    # The fault a real fork server will not make on demand: it dies as it starts.
+    (broken / "sitecustomize.py").write_text(
+        "import os\nif b'forkserver' in open('/proc/self/cmdline', 'rb').read():\n    os._exit(1)\n"
+    )
+    code, output, ready = boot({"PYTHONPATH": str(broken)}, tmp_path)
+    assert not ready, output
+    assert code not in (None, 0), output
+    assert "the fork server for large calls did not start" in output
+
+
+def test_a_probe_port_already_taken_fails_the_boot(tmp_path: Path) -> None:
+    """The probes are what the kubelet judges the pod by: a worker that cannot serve them must
+    not serve the hooks."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, output, ready = boot({}, tmp_path, health_port=port)
+    assert not ready, output
+    assert code not in (None, 0), output
