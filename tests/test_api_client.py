@@ -19,6 +19,7 @@ import trustme
 from hooks.kubeapi.client import ApiClient
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
+from tests.volumes import MountedVolume
 
 OBJECT = {"kind": "KubeVirt", "metadata": {"name": "kubevirt"}}
 
@@ -78,6 +79,27 @@ def test_a_read_checks_the_api_servers_certificate_against_the_ca_file(
     body = client(api, tmp_path, ca.cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
     assert json.loads(body) == OBJECT
     assert (seen[0]["accept"], seen[0]["authorization"]) == ("application/json", "Bearer sa-token")
+
+
+def test_the_service_account_token_is_read_through_the_kubelets_links_on_every_read(
+    https_api: tuple[str, list[dict[str, str]]], ca: trustme.CA, tmp_path: Path
+) -> None:
+    """The projected token the kubelet refreshes: each read presents the current one."""
+    api, seen = https_api
+    volume = MountedVolume(
+        tmp_path / "serviceaccount", {"token": b"first\n", "ca.crt": ca.cert_pem.bytes()}
+    )
+    settings = Settings(
+        kube_api=api,
+        kube_token_file=volume.path("token"),
+        kube_ca_file=volume.path("ca.crt"),
+        kube_timeout_seconds=5,
+    )
+    reader = ApiClient(settings)
+    reader.get("/apis/kubevirt.io/v1/x")
+    volume.update({"token": b"second\n", "ca.crt": ca.cert_pem.bytes()})
+    reader.get("/apis/kubevirt.io/v1/x")
+    assert [headers["authorization"] for headers in seen] == ["Bearer first", "Bearer second"]
 
 
 def test_a_certificate_another_ca_signed_is_refused(

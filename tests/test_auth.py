@@ -15,6 +15,7 @@ from hooks.auth import TokenFile
 from hooks.routes import HOOKS
 from hooks.settings import Settings
 from tests.builders import example_of, gpuclass, status_sync_request
+from tests.volumes import MountedVolume
 
 JSON = "application/json"
 
@@ -186,6 +187,21 @@ def test_the_token_file_is_read_again_only_when_it_changes(
     path.write_text("second-token\n")
     assert tokens.accepts("Bearer second-token") and not tokens.accepts("Bearer first")
     assert len(reads) == 2
+
+
+def test_a_token_mounted_from_a_secret_is_seen_when_the_kubelet_updates_the_volume(
+    tmp_path: Path,
+) -> None:
+    """The token file is a link through `..data`, which the kubelet points at a new directory on
+    a rotation: the link itself never changes, what it resolves to does. The same class reads
+    the metrics port's tokens."""
+    volume = MountedVolume(tmp_path / "auth", {"token": b"first-token\n"})
+    tokens = TokenFile(volume.path("token"))
+    assert tokens.accepts("Bearer first-token")
+    volume.update({"token": b"first-token\nsecond-token\n"})
+    assert tokens.accepts("Bearer second-token")
+    volume.update({"token": b"third-token\n"})
+    assert tokens.accepts("Bearer third-token") and not tokens.accepts("Bearer first-token")
 
 
 def test_a_token_is_everything_after_the_scheme_and_its_space(tmp_path: Path) -> None:

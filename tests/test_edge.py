@@ -4,7 +4,6 @@ sockets on loopback."""
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 import ssl
@@ -24,6 +23,7 @@ from hooks.guard import Guard
 from hooks.routes import HOOKS
 from hooks.settings import Settings
 from hooks.worker import honour_connection_close
+from tests.volumes import MountedVolume, tls_files
 
 ADMISSION = next(hook for hook in HOOKS if hook.https_only)
 SYNC = next(hook for hook in HOOKS if hook.path == "/status/sync")
@@ -144,29 +144,14 @@ def test_an_answer_that_says_close_makes_gunicorn_close() -> None:
 # -- the serving certificate, as a Secret volume lays it out ---------------------------------
 
 
-def write_generation(folder: Path, name: str, leaf: trustme.LeafCert) -> Path:
-    generation = folder / name
-    generation.mkdir()
-    leaf.cert_chain_pems[0].write_to_path(str(generation / "tls.crt"))
-    leaf.private_key_pem.write_to_path(str(generation / "tls.key"))
-    return generation
-
-
-def swap(folder: Path, generation: Path) -> None:
-    """The kubelet's atomic update: `..data` points at the new generation in one rename."""
-    link = folder / "..data_tmp"
-    link.symlink_to(generation.name)
-    os.replace(link, folder / "..data")
-
-
 @pytest.fixture
-def volume(tmp_path: Path) -> tuple[Path, trustme.CA]:
+def volume(tmp_path: Path) -> tuple[MountedVolume, trustme.CA]:
     ca = trustme.CA()
-    first = write_generation(tmp_path, "..gen1", ca.issue_cert("127.0.0.1", "first.test"))
-    swap(tmp_path, first)
-    for name in ("tls.crt", "tls.key"):
-        (tmp_path / name).symlink_to(f"..data/{name}")
-    return tmp_path, ca
+    return MountedVolume(tmp_path, tls_files(ca.issue_cert("127.0.0.1", "first.test"))), ca
+
+
+def tls_source(volume: MountedVolume) -> edge.TlsSource:
+    return edge.TlsSource(volume.path("tls.crt"), volume.path("tls.key"))
 
 
 def served_names(context: ssl.SSLContext, ca: trustme.CA) -> list[str]:
@@ -196,41 +181,61 @@ def served_names(context: ssl.SSLContext, ca: trustme.CA) -> list[str]:
 
 
 def test_a_renewed_certificate_is_served_from_the_next_connection(
-    volume: tuple[Path, trustme.CA],
+    volume: tuple[MountedVolume, trustme.CA],
 ) -> None:
-    folder, ca = volume
-    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
+    mounted, ca = volume
+    source = tls_source(mounted)
     assert served_names(source.context(), ca) == ["first.test"]
-    swap(folder, write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test")))
+    mounted.update(tls_files(ca.issue_cert("127.0.0.1", "second.test")))
     assert served_names(source.context(), ca) == ["second.test"]
 
 
+def test_a_rotated_client_ca_is_the_one_trusted_from_the_next_connection(tmp_path: Path) -> None:
+    """`GPUCLASS_TLS_CLIENT_CA_FILE` sits in the same kind of volume, and is re-read with the
+    pair: after a CA rotation the context trusts the new CA only."""
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    leaf = old_ca.issue_cert("127.0.0.1")
+    volume = MountedVolume(tmp_path, {**tls_files(leaf), "ca.crt": old_ca.cert_pem.bytes()})
+    source = edge.TlsSource(volume.path("tls.crt"), volume.path("tls.key"), volume.path("ca.crt"))
+
+    def trusted() -> list[int]:
+        return [int(c["serialNumber"], 16) for c in source.context().get_ca_certs()]
+
+    def serial(ca: trustme.CA) -> int:
+        return x509.load_pem_x509_certificate(ca.cert_pem.bytes()).serial_number
+
+    assert trusted() == [serial(old_ca)]
+    volume.update({**tls_files(new_ca.issue_cert("127.0.0.1")), "ca.crt": new_ca.cert_pem.bytes()})
+    assert trusted() == [serial(new_ca)]
+
+
 def test_a_certificate_and_key_of_different_generations_are_never_served_together(
-    volume: tuple[Path, trustme.CA],
+    volume: tuple[MountedVolume, trustme.CA],
 ) -> None:
     """Read halfway through a swap: the pair does not load, the last good one is served, and the
     load is tried again until the files agree."""
-    folder, ca = volume
-    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
-    second = write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test"))
-    (folder / "tls.key").unlink()
-    (folder / "tls.key").symlink_to("..gen1/tls.key")  # the old key beside the new certificate
-    swap(folder, second)
+    mounted, ca = volume
+    source = tls_source(mounted)
+    first = (mounted.root / "..data").resolve()
+    second = mounted.write_generation(tls_files(ca.issue_cert("127.0.0.1", "second.test")))
+    mounted.path("tls.key").unlink()
+    mounted.path("tls.key").symlink_to(f"{first.name}/tls.key")  # the old key, the new certificate
+    mounted.swap(second)
     assert served_names(source.context(), ca) == ["first.test"]
-    (folder / "tls.key").unlink()
-    (folder / "tls.key").symlink_to("..data/tls.key")
+    mounted.path("tls.key").unlink()
+    mounted.path("tls.key").symlink_to("..data/tls.key")
     assert served_names(source.context(), ca) == ["second.test"]
 
 
 def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_change(
-    volume: tuple[Path, trustme.CA], monkeypatch: pytest.MonkeyPatch
+    volume: tuple[MountedVolume, trustme.CA], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reader that met the old certificate and the new key (a race no file system makes on
     demand, so the load is made to fail once): the files are stable afterwards, and the next
     connection must still get the new pair."""
-    folder, ca = volume
-    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
-    swap(folder, write_generation(folder, "..gen2", ca.issue_cert("127.0.0.1", "second.test")))
+    mounted, ca = volume
+    source = tls_source(mounted)
+    mounted.update(tls_files(ca.issue_cert("127.0.0.1", "second.test")))
     load = edge.TlsSource._load
     failed: list[bool] = []
 
@@ -246,16 +251,16 @@ def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_
 
 
 def test_the_end_of_the_served_certificate_follows_a_renewal(
-    volume: tuple[Path, trustme.CA],
+    volume: tuple[MountedVolume, trustme.CA],
 ) -> None:
     """The expiry gauge reads `not_after`: the certificate being served, not the files'."""
-    folder, ca = volume
-    source = edge.TlsSource(folder / "tls.crt", folder / "tls.key")
-    first = cryptography_not_after((folder / "tls.crt").read_bytes())
+    mounted, ca = volume
+    source = tls_source(mounted)
+    first = cryptography_not_after(mounted.path("tls.crt").read_bytes())
     assert source.not_after == first
     later = datetime.fromtimestamp(first, UTC) + timedelta(days=300)
     renewed = ca.issue_cert("127.0.0.1", "second.test", not_after=later)
-    swap(folder, write_generation(folder, "..gen2", renewed))
+    mounted.update(tls_files(renewed))
     assert source.not_after == first  # nothing served it yet
     source.context()
     assert source.not_after == later.replace(microsecond=0).timestamp()
@@ -496,7 +501,7 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
 
 
 @pytest.fixture
-def tls_files(tmp_path: Path) -> tuple[Path, trustme.CA]:
+def pki_files(tmp_path: Path) -> tuple[Path, trustme.CA]:
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
@@ -540,9 +545,9 @@ def handshake(running: Loop, client: ssl.SSLContext | None) -> None:
     ],
 )
 def test_a_failed_handshake_is_counted_by_whom_it_points_at(
-    tls_files: tuple[Path, trustme.CA], case: str, reason: str
+    pki_files: tuple[Path, trustme.CA], case: str, reason: str
 ) -> None:
-    folder, ca = tls_files
+    folder, ca = pki_files
     client_ca = folder / "ca.crt" if reason == "client_certificate" else None
     running = Loop(tls=edge.TlsSource(folder / "tls.crt", folder / "tls.key", client_ca))
     client: ssl.SSLContext | None = ssl.create_default_context()

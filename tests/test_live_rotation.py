@@ -5,7 +5,6 @@ each, so that every one of them is a handshake with whatever the server holds at
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 import threading
@@ -16,6 +15,7 @@ import pytest
 import trustme
 
 from tests.live import LiveServer, live_server
+from tests.volumes import MountedVolume, tls_files
 
 # Starts the real server (gunicorn) in a process of its own.
 pytestmark = pytest.mark.live
@@ -24,20 +24,6 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 SWAPS = 200
 # How soon after a swap each port must serve the new certificate.
 SERVED_WITHIN_SECONDS = 1.0
-
-
-def write_generation(volume: Path, name: str, leaf: trustme.LeafCert) -> Path:
-    generation = volume / name
-    generation.mkdir()
-    leaf.cert_chain_pems[0].write_to_path(str(generation / "tls.crt"))
-    leaf.private_key_pem.write_to_path(str(generation / "tls.key"))
-    return generation
-
-
-def swap(volume: Path, generation: Path) -> None:
-    link = volume / "..data_tmp"
-    link.symlink_to(generation.name)
-    os.replace(link, volume / "..data")
 
 
 def call(port: int, context: ssl.SSLContext, request: bytes) -> tuple[bytes, bytes]:
@@ -74,16 +60,12 @@ def test_200_certificate_swaps_under_load_fail_no_handshake_and_are_served_at_on
     tmp_path: Path,
 ) -> None:
     ca = trustme.CA()
-    volume = tmp_path / "tls"
-    volume.mkdir()
-    swap(volume, write_generation(volume, "..gen0", ca.issue_cert("127.0.0.1")))
-    for name in ("tls.crt", "tls.key"):
-        (volume / name).symlink_to(f"..data/{name}")
+    volume = MountedVolume(tmp_path / "tls", tls_files(ca.issue_cert("127.0.0.1")))
     context = ssl.create_default_context()
     ca.configure_trust(context)
     env = {
-        "GPUCLASS_TLS_CERT_FILE": str(volume / "tls.crt"),
-        "GPUCLASS_TLS_KEY_FILE": str(volume / "tls.key"),
+        "GPUCLASS_TLS_CERT_FILE": str(volume.path("tls.crt")),
+        "GPUCLASS_TLS_KEY_FILE": str(volume.path("tls.key")),
     }
     with live_server(env, tmp_path, scheme="https", args=("--threads", "8")) as server:
         calls = requests_by_port(server)
@@ -114,7 +96,7 @@ def test_200_certificate_swaps_under_load_fail_no_handshake_and_are_served_at_on
             for number in range(1, SWAPS + 1):
                 leaf = ca.issue_cert("127.0.0.1", f"generation-{number}.test")
                 expected = ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
-                swap(volume, write_generation(volume, f"..gen{number}", leaf))
+                volume.update(tls_files(leaf))
                 swapped = time.monotonic()
                 for port, request in calls.items():
                     while call(port, context, request)[0] != expected:
