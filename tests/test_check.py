@@ -126,6 +126,22 @@ def test_check_refuses_a_certificate_its_ca_did_not_sign(
     assert "SSLCertVerificationError" in problems[0]
 
 
+def test_check_verifies_that_the_certificate_names_the_host_it_called(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """As Metacontroller and the API server do: a certificate its CA signed, for another name,
+    fails the check."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    elsewhere = ca.issue_cert("elsewhere.cozy-gpu.svc")
+    elsewhere.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "elsewhere.pem"))
+    pki = {"cert": tmp_path / "elsewhere.pem", "key": tmp_path / "elsewhere.pem"}
+    with hooks_served(settings, pki) as url:
+        problems = check(Target(url, tmp_path / "ca.crt"))
+    assert len(problems) == 1
+    assert "SSLCertVerificationError" in problems[0] and "127.0.0.1" in problems[0]
+
+
 # What a plain server answers a POST: its status and body, from the request's headers and body.
 Respond = Callable[[Message, bytes], tuple[int, bytes]]
 
@@ -150,6 +166,24 @@ def plain_server(respond: Respond) -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     with serving_forever(server):
         yield f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.mark.parametrize("refusal", [403, 404, 500, 503])
+def test_check_requires_exactly_401_from_a_call_without_the_token(
+    refusal: int, tmp_path: Path
+) -> None:
+    """Metacontroller's token is what keeps other callers out: a service that answers them with
+    anything but 401 (a proxy's 403, a 404 of the wrong service, a 500) is not shown to
+    authenticate, and fails the check."""
+
+    def respond(headers: Message, body: bytes) -> tuple[int, bytes]:
+        if headers.get("Authorization") == f"Bearer {TOKEN}":
+            return 200, b'{"relatedResources": []}'
+        return refusal, b'{"error": "no"}'
+
+    with plain_server(respond) as url:
+        problems = check(Target(url, token_file=token_file(tmp_path)))
+    assert problems == [f"{CUSTOMIZE_PATH} without a token: HTTP {refusal}, expected 401"]
 
 
 def test_check_reports_an_answer_without_related_resources() -> None:
