@@ -140,6 +140,25 @@ def test_classes_are_cached_briefly_tenants_and_apps_never(
     assert reads(GPUCLASSES) == 2
 
 
+def test_an_expired_class_cache_is_never_served_while_the_list_fails(
+    settings: Settings, budget_api: FakeApiServer
+) -> None:
+    """Within its seconds the cache answers whatever the API server does; past them, a failed
+    list fails closed, however long it lasts, and the next list that succeeds is served."""
+    now = [100.0]
+    budgets = reader(settings, now)
+    listed = budgets.classes()
+    budget_api.serve(GPUCLASSES, 500, {"kind": "Status"})
+    now[0] = 104.0
+    assert budgets.classes() == listed
+    for later in (105.0, 200.0, 10_000.0):
+        now[0] = later
+        with pytest.raises(Unreadable, match=r"^could not list GPUClasses .*HTTP 500"):
+            budgets.classes()
+    budget_api.serve(GPUCLASSES, 200, list_of([gpuclass("a10")]))
+    assert [c.name for c in budgets.classes()] == ["a10"]
+
+
 @pytest.mark.parametrize("code", [403, 500])
 def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
     settings: Settings, apiserver: FakeApiServer, code: int

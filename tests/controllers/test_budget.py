@@ -106,6 +106,48 @@ def test_a_review_whose_inputs_cannot_be_read_fails_closed_having_tried_to_read_
     assert (outcome.read_inputs, outcome.failed_closed) == (True, True)
 
 
+class ClassesUnlistable(Inputs):
+    def classes(self) -> list[ClassIdentity]:
+        raise Unreadable("could not list GPUClasses (HTTP 503)")
+
+
+@pytest.mark.parametrize(
+    ("review", "inputs", "unread"),
+    [
+        (vm("tenant-a", "new", GPU), Unlistable([POOL_A]), "HelmReleases"),
+        (vm("tenant-a", "new", GPU), ClassesUnlistable([POOL_A], [RENDER]), "GPUClasses"),
+        (
+            tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),
+            Unlistable([POOL_A]),
+            "HelmReleases",
+        ),
+        (
+            request(admission_review("VMInstance", "tenant-a", "broken", {"gpus": "one"})),
+            Unlistable([POOL_A]),
+            "HelmReleases",
+        ),
+        (
+            request(admission_review("Tenant", "tenant-root", "a", {"resourceQuotas": "x"})),
+            Unlistable([POOL_A]),
+            "HelmReleases",
+        ),
+    ],
+    ids=["app", "app-classes", "declaration", "undecodable-app", "undecodable-tenant"],
+)
+def test_every_review_fails_closed_when_an_input_it_needs_cannot_be_read(
+    review: AdmissionRequest, inputs: Inputs, unread: str
+) -> None:
+    """The second fault: an object that did not decode is judged by whether a pool applies,
+    and a pool that cannot be read is denied, never taken for none."""
+    decide = review_tenant if review.kind.kind == "Tenant" else review_app
+    outcome = decide(review, inputs)
+    assert outcome.verdict.allowed is False
+    assert outcome.verdict.message.startswith(
+        f"GPU budget check failed closed: could not list {unread}"
+    )
+    assert (outcome.read_inputs, outcome.failed_closed) == (True, True)
+
+
 def test_a_review_that_cannot_grow_reads_nothing() -> None:
     inputs = Inputs([POOL_A], [RENDER])
     outcome = review_app(vm("tenant-a", "render", GPU, old=(GPU, GPU)), inputs)
