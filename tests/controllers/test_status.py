@@ -6,7 +6,12 @@ import msgspec
 import pytest
 
 from hooks.controllers import status
-from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
+from hooks.rules.permitted_devices import (
+    KubeVirtAbsent,
+    KubeVirtFound,
+    KubeVirtUnreadable,
+    KubeVirtView,
+)
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from hooks.wire.metacontroller import (
@@ -96,6 +101,13 @@ def test_kubevirt_unreadable_without_history_makes_ready_unknown() -> None:
 
 def test_no_resync_requested_when_kubevirt_was_read() -> None:
     assert "resyncAfterSeconds" not in run(cluster())
+
+
+def test_no_resync_requested_on_a_cluster_without_kubevirt() -> None:
+    """An answer, not a failure: KubeVirt is not there, and asking again every few seconds
+    would multiply the sync load for ever on a cluster that will not grow it soon."""
+    response = run(cluster(), KubeVirtAbsent("cozy-kubevirt/kubevirt"))
+    assert "resyncAfterSeconds" not in response
 
 
 def test_resource_name_conflict_reports_zero_for_the_younger_class() -> None:
