@@ -395,6 +395,49 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
     Settings(**{k.removeprefix("GPUCLASS_").lower(): v for k, v in env.items()})
 
 
+def test_the_disruption_budget_selects_the_hook_pods(default_render: list[dict[str, Any]]) -> None:
+    """A budget whose selector carries a label the pods lack protects nothing: a drain may evict
+    both replicas at once."""
+    selector = one(default_render, "PodDisruptionBudget")["spec"]["selector"]
+    pods = one(default_render, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert set(selector) == {"matchLabels"} and selector["matchLabels"]
+    assert selector["matchLabels"].items() <= pods.items()
+
+
+def test_every_service_port_forwards_to_a_port_the_container_listens_on(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Each Service port's target is a named port of the container, and that port is the one the
+    service is told to listen on (hooks, metrics), so a call through the Service reaches a
+    listener."""
+    container = container_of(default_render)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    args = dict(arg.split("=", 1) for arg in container["args"] if "=" in arg)
+    listening = {
+        "hooks": int(args["--bind"].rsplit(":", 1)[1]),
+        "metrics": int(args["--metrics-port"]),
+    }
+    service = one(default_render, "Service")
+    assert service["spec"]["selector"].items() <= (
+        one(default_render, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in ports, port
+        assert ports[port["targetPort"]] == listening[port["targetPort"]], port
+
+
+def test_the_serving_certificate_names_the_service_by_every_name_a_client_uses() -> None:
+    documents = render(*SECURE)
+    [server] = [
+        c["spec"]
+        for c in by_kind(documents, "Certificate")
+        if c["metadata"]["name"] == "gpu-gpuclass-hooks-tls"
+    ]
+    service = one(documents, "Service")["metadata"]["name"]
+    names = [f"{service}.cozy-gpu{suffix}" for suffix in ("", ".svc", ".svc.cluster.local")]
+    assert set(server["dnsNames"]) >= {service, *names}
+
+
 def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
     assert one(default_render, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert by_kind(render("replicas=1"), "PodDisruptionBudget") == []
