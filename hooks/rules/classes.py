@@ -22,9 +22,9 @@ class ClassIdentity:
 
 def age_key(identity: ClassIdentity) -> tuple[bool, str, str]:
     """Oldest first: creationTimestamp, then name. Kubernetes writes RFC 3339 UTC with seconds and
-    `Z`, so the strings order like the times. A class without a timestamp sorts as the youngest,
-    so a malformed object never takes a resource from a real class."""
-    return (identity.created is None, identity.created or "", identity.name)
+    `Z`, so the strings order like the times. A class without a timestamp (or with an empty one)
+    sorts as the youngest, so a malformed object never takes a resource from a real class."""
+    return (not identity.created, identity.created or "", identity.name)
 
 
 def older_class_with_resource(

@@ -63,3 +63,10 @@ def test_class_identity_carries_age_and_deletion() -> None:
     identity = class_identity(as_wire(going, GPUClass))
     assert (identity.created, identity.deleting) == ("2026-01-01T00:00:00Z", True)
     assert class_identity(as_wire(gpuclass("b"), GPUClass)).deleting is False
+
+
+def test_class_with_an_empty_creation_timestamp_is_the_youngest() -> None:
+    """An empty timestamp says no more than a missing one: it must not make a class the oldest
+    and take a resource from a real one."""
+    assert older_class_with_resource(cls("a", ""), [cls("b")]) == cls("b")
+    assert older_class_with_resource(cls("b"), [cls("a", "")]) is None
