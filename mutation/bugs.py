@@ -1,11 +1,14 @@
 """Bugs the suite must keep catching: each patch under mutation/bugs/ puts back one (a mutant that
-once survived, or the bug behind a behaviour an issue named), and `make unit` must fail on it.
+once survived, or the bug behind a behaviour an issue named), and the suite must fail on it.
 
-For each patch: a scratch copy of the tracked files, the patch applied, and `make unit` run there
-with this checkout's venv (its first failure ends the run). The unpatched copy runs first and must
-pass, so that a failure is the patch's doing. Prints one line per patch and exits 1 if any patch
-leaves `make unit` green. Not in CI (a few minutes): run it with `make bugs` after changing tests
-or the code a patch touches; a patch that no longer applies is refreshed by hand.
+For each patch: a scratch copy of the tracked files, the patch applied, and the tests run there
+with this checkout's venv (the first failure ends the run): `make unit`, or, for a bug only the
+real server, helm or the API server shows, the tests the patch names before its diff, one line
+`Caught by: <pytest node ids>` (git apply skips the lines before a diff). The unpatched copy runs
+the same tests first and must pass, so that a failure is the patch's doing. Prints one line per
+patch and exits 1 if any patch leaves its tests green. Not in CI (a few minutes): run it with
+`make bugs` after changing tests or the code a patch touches; a patch that no longer applies is
+refreshed by hand.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUGS = Path(__file__).with_name("bugs")
 VENV = ROOT / ".venv"
+CAUGHT_BY = "Caught by: "
 PATCHES_APPLY = "tests/test_mutation_report.py::test_every_bug_patch_still_applies_to_the_code"
 
 
@@ -38,22 +42,31 @@ def scratch_copy(into: Path) -> Path:
     return copy
 
 
-def make_unit(copy: Path) -> subprocess.CompletedProcess[str]:
-    """`make unit` in the copy with this checkout's venv, which make must not rebuild (its
-    editable install points here; pytest imports the copy's hooks first)."""
+def named_tests(patch: Path) -> list[str]:
+    """The node ids of the patch's `Caught by:` line; none means `make unit`."""
+    for line in patch.read_text().splitlines():
+        if line.startswith(("diff ", "--- ")):
+            break
+        if line.startswith(CAUGHT_BY):
+            return line.removeprefix(CAUGHT_BY).split()
+    return []
+
+
+def run_tests(copy: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
+    """`make unit` in the copy, or the named tests, with this checkout's venv, which make must not
+    rebuild (its editable install points here; pytest imports the copy's hooks first)."""
     venv_ready = f"{VENV}/bin/gpuclass-hooks"
     # The patched copy no longer takes its own patch: the test that checks every patch applies
     # would fail first on each, and a patch no other test catches would pass for caught.
     addopts = f"-x -p no:cacheprovider --deselect={PATCHES_APPLY}"
     env = {**os.environ, "PYTEST_ADDOPTS": addopts}
-    return subprocess.run(
-        ["make", "--no-print-directory", "-o", venv_ready, f"VENV={VENV}", "unit"],
-        cwd=copy,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    if tests:
+        testenv = os.environ.get("GPUCLASS_TESTENV_CACHE", "")
+        env["PATH"] = f"{testenv}:{VENV}/bin:{env['PATH']}"
+        command = [f"{VENV}/bin/pytest", "-q", *tests]
+    else:
+        command = ["make", "--no-print-directory", "-o", venv_ready, f"VENV={VENV}", "unit"]
+    return subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=1800)
 
 
 def first_failure(output: str) -> str:
@@ -69,10 +82,12 @@ def main(names: list[str]) -> int:
         patches = [p for p in patches if p.stem in names]
     with tempfile.TemporaryDirectory(prefix="gpuclass-bugs-") as work:
         clean = scratch_copy(Path(work) / "clean")
-        baseline = make_unit(clean)
-        if baseline.returncode != 0:
-            print(f"the unpatched copy fails make unit: {first_failure(baseline.stdout)}")
-            return 1
+        for tests in sorted({tuple(named_tests(patch)) for patch in patches}):
+            baseline = run_tests(clean, list(tests))
+            if baseline.returncode != 0:
+                what = " ".join(tests) or "make unit"
+                print(f"the unpatched copy fails {what}: {first_failure(baseline.stdout)}")
+                return 1
         missed = []
         for patch in patches:
             copy = scratch_copy(Path(work) / patch.stem)
@@ -83,11 +98,13 @@ def main(names: list[str]) -> int:
                 print(f"{patch.stem}: does not apply: {applied.stderr.strip()}")
                 missed.append(patch.stem)
                 continue
+            tests = named_tests(patch)
             started = time.monotonic()
-            result = make_unit(copy)
+            result = run_tests(copy, tests)
             took = time.monotonic() - started
             if result.returncode == 0:
-                print(f"{patch.stem}: NOT CAUGHT (make unit passed in {took:.0f} s)")
+                what = " ".join(tests) or "make unit"
+                print(f"{patch.stem}: NOT CAUGHT ({what} passed in {took:.0f} s)")
                 missed.append(patch.stem)
             else:
                 print(f"{patch.stem}: caught by {first_failure(result.stdout)} ({took:.0f} s)")

@@ -110,6 +110,22 @@ def test_every_bug_patch_still_applies_to_the_code() -> None:
         assert checked.returncode == 0, f"{patch.name}: {checked.stderr}"
 
 
+def test_every_test_a_bug_patch_names_exists() -> None:
+    """A `Caught by:` line that names a renamed or deleted test would make pytest fail on the
+    unknown name, which `make bugs` would count as the bug caught."""
+    bugs_spec = importlib.util.spec_from_file_location("bugs", ROOT / "mutation" / "bugs.py")
+    assert bugs_spec is not None and bugs_spec.loader is not None
+    bugs = importlib.util.module_from_spec(bugs_spec)
+    bugs_spec.loader.exec_module(bugs)
+    named = 0
+    for patch in sorted((ROOT / "mutation" / "bugs").glob("*.patch")):
+        for node in bugs.named_tests(patch):
+            path, _, name = node.partition("::")
+            assert name and f"def {name.split('[')[0]}(" in (ROOT / path).read_text(), node
+            named += 1
+    assert named >= 5
+
+
 def test_the_bug_runs_leave_out_exactly_the_patch_test_by_its_real_name() -> None:
     """A patched copy fails the patch test whatever the bug (its patch is already in), so
     `make bugs` must leave it out; pytest ignores a --deselect that names nothing, so the name
