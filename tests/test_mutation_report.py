@@ -95,6 +95,17 @@ def test_every_listed_line_has_a_reason_and_names_a_function_of_the_service() ->
         assert f"def {function.rpartition('.')[2]}(" in (ROOT / path).read_text(), key
 
 
+def test_every_listed_line_is_still_in_the_code() -> None:
+    """An entry whose line the code no longer has can match no mutant: its reason was judged
+    for code that is gone, and the mutant of the line that replaced it goes unjudged."""
+    listed = report.equivalents(report.EQUIVALENT.read_text())
+    for key in listed:
+        where, _, change = key.partition(": - ")
+        removed = change.split(" + ")[0]
+        path = where.partition("::")[0]
+        assert removed in (ROOT / path).read_text(), key
+
+
 def test_every_bug_patch_still_applies_to_the_code() -> None:
     """mutation/bugs.py puts each bug back (`make bugs`, not in CI); a patch that no longer
     applies would silently stop proving anything, so the suite checks they all apply."""
