@@ -40,9 +40,10 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 from hooks.app import create_app
 from hooks.controllers.budget import BudgetInputs, review_app
-from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, release_object
+from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings

@@ -20,8 +20,8 @@ import pytest
 import trustme
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.kubeapi.budget import release_object
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import Tenant
 from hooks.wire.admission import decode_review
 from tests.builders import GPU, admission_review, app_object, gpus, helmrelease

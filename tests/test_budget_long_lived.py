@@ -22,10 +22,10 @@ from hooks.kubeapi.budget import (
     GPUCLASSES,
     HELMRELEASES,
     BudgetReader,
-    release_object,
     releases_in,
 )
 from hooks.rules.budget.keys import TOTAL_KEY, parse_budget
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import Tenant, tenant_from_release
 from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.quantity import QuantityError, parse_units

@@ -16,11 +16,11 @@ from hooks.kubeapi.budget import (
     HELM_API,
     HELMRELEASES,
     BudgetReader,
-    release_object,
     releases_in,
 )
 from hooks.kubeapi.client import PAGE_SIZE
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenant
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable

@@ -23,11 +23,12 @@ import trustme
 import yaml
 
 from hooks.app import create_app
-from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader, release_object
+from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.rules.budget.apps import check_app
 from hooks.rules.budget.keys import TOTAL_KEY
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
 from hooks.settings import Settings

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hooks.controllers.budget import review_app, review_tenant
-from hooks.kubeapi.budget import release_object
+from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
