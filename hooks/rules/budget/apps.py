@@ -131,15 +131,14 @@ def app_fits_its_pool(review: AppReview) -> Verdict | None:
         if key not in budget or wanted.get(key) <= before.get(key):
             continue
         pools.require_readable(root)  # the pool's arithmetic, read only for a key that grows
-        carved = pools.carved_out(root, key)
-        reserved = pools.reserved(root, key, review.classes)
-        if reserved + carved + wanted.get(key) > budget[key]:
-            left = max(budget[key] - carved - reserved, 0)
+        use = pools.key_use(root, key, review.classes)
+        if wanted.get(key) > use.left:
             return Verdict(
                 False,
                 f"{key}: this {new.kind} needs {wanted.get(key)}, the pool of "
-                f"{pools.name(root)} has {left} left (budget {budget[key]}, {carved} carved out "
-                f"for sub-tenants, {reserved} reserved by other apps)",
+                f"{pools.name(root)} has {max(use.left, 0)} left (budget {use.budget}, "
+                f"{use.carved_out} carved out for sub-tenants, {use.reserved} reserved by other "
+                "apps)",
             )
     return None
 

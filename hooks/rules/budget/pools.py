@@ -4,7 +4,7 @@ carve-outs and budgets, and what their arithmetic needs readable."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hooks.rules.budget.keys import is_budget_key
 from hooks.rules.budget.reservations import reservation
@@ -14,6 +14,22 @@ from hooks.rules.classes import ClassIdentity
 
 class FailedClosed(Exception):
     """An object this verdict's arithmetic needs could not be read."""
+
+
+@dataclass(frozen=True)
+class KeyUse:
+    """A pool's arithmetic for one key it declares (rule 5): its budget, what the bounded tenants
+    in it carve out, what its members' apps reserve, and what is left (below 0 when the pool is
+    over its budget: an operator lowered it, or reservations came before the webhook)."""
+
+    key: str
+    budget: int
+    carved_out: int
+    reserved: int
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.carved_out - self.reserved
 
 
 class Pools:
@@ -58,6 +74,16 @@ class Pools:
 
     def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
         return sum(reservation(app, classes).get(key) for app in self.members(root))
+
+    def key_use(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> KeyUse:
+        """The pool's arithmetic for a key it declares, over the apps these pools were built on
+        (the verdicts leave out the app under review; the report counts every app)."""
+        return KeyUse(
+            key,
+            self.budget(root)[key],
+            self.carved_out(root, key),
+            self.reserved(root, key, classes),
+        )
 
     def budget(self, root: str) -> dict[str, int]:
         """Budget: each bounded tenant is a pool whose budget is its declaration (budget keys).

@@ -1,0 +1,76 @@
+"""The budget report: every GPU budget pool's use, from the same arithmetic as the verdicts.
+
+For each bounded tenant that declares a GPU key: per key its budget, what the bounded tenants in
+its pool carve out, what its members' apps reserve and what is left (`Pools.key_use`, which the
+app check reads too), and the apps that reserve. Every app counts, none is under review. A pool
+whose arithmetic reads an object that cannot be read has no figures anyone can know: it is
+reported unreadable, naming the object, as a verdict would fail closed on it. The report is for
+people to read; the webhook never trusts it and reads fresh on every review.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hooks.rules.budget.pools import FailedClosed, KeyUse, Pools
+from hooks.rules.budget.reservations import reservation
+from hooks.rules.budget.tenancy import Tenancy
+from hooks.rules.classes import ClassIdentity
+
+
+@dataclass(frozen=True)
+class AppUse:
+    """An app of the pool and what it reserves of each key the pool declares (none at 0)."""
+
+    kind: str
+    namespace: str
+    name: str
+    units: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class PoolUse:
+    """One bounded tenant's pool: `namespace` is the namespace the tenant owns."""
+
+    namespace: str
+    tenant: str
+    keys: tuple[KeyUse, ...]
+    apps: tuple[AppUse, ...] = ()
+    unreadable: str | None = None
+
+    @property
+    def over_budget(self) -> tuple[KeyUse, ...]:
+        return tuple(use for use in self.keys if use.left < 0)
+
+
+def budget_usage(tenancy: Tenancy, classes: Iterable[ClassIdentity]) -> tuple[PoolUse, ...]:
+    """Every GPU budget pool of the tenancy, by the namespace its tenant owns."""
+    known = tuple(classes)
+    pools = Pools(tenancy.tenants, tenancy.apps)
+    report = []
+    for root in sorted(pools.bounded):
+        tenant = pools.tenant(root).name or ""
+        try:
+            budget = pools.budget(root)
+        except FailedClosed as problem:  # its own declaration: whether it has a GPU key is unknown
+            report.append(PoolUse(root, tenant, (), unreadable=str(problem)))
+            continue
+        if not budget:
+            continue  # bounded on other quotas only: no GPU budget to report
+        try:
+            pools.require_readable(root)
+        except FailedClosed as problem:
+            report.append(PoolUse(root, tenant, (), unreadable=str(problem)))
+            continue
+        declared = sorted(budget)
+        keys = tuple(pools.key_use(root, key, known) for key in declared)
+        apps = []
+        for app in pools.members(root):
+            held = reservation(app, known)
+            units = tuple((key, held.get(key)) for key in declared if held.get(key))
+            if units:
+                apps.append(AppUse(app.kind, app.namespace, app.name, units))
+        apps.sort(key=lambda a: (a.namespace, a.kind, a.name))
+        report.append(PoolUse(root, tenant, keys, tuple(apps)))
+    return tuple(report)
