@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hooks.rules.budget.usage import PoolUse
 from hooks.rules.capacity import Capacity
 from hooks.wire.kube import Condition
 
@@ -49,7 +50,15 @@ class BudgetReviewObserved:
     verdict: Literal["allowed", "denied", "failed_closed"]
 
 
-Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved
+@dataclass(frozen=True)
+class BudgetUsageObserved:
+    """A budget report sync as the metrics see it: every GPU budget pool, the whole set (a pool
+    missing from it is gone)."""
+
+    pools: tuple[PoolUse, ...]
+
+
+Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved | BudgetUsageObserved
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,16 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hooks.answer import ClassComputation, LicenseCopiesObserved, Observation
+from hooks.answer import (
+    BudgetUsageObserved,
+    ClassComputation,
+    LicenseCopiesObserved,
+    Observation,
+)
 from hooks.edge import DROP_REASONS, TLS_FAILURE_REASONS
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.memory import MemoryBudget
+from hooks.rules.budget.usage import PoolUse
 
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
@@ -150,6 +156,76 @@ class ClassCollector(Collector):
         return iter(())
 
 
+class BudgetCollector(Collector):
+    """The last budget report this replica computed, exported at scrape time: one series per
+    bounded tenant and key it declares, stamped with when it was computed, and gone three status
+    resync periods after (the report resyncs with the status) or at once when a report leaves a
+    pool out."""
+
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float]) -> None:
+        self._stale_after = stale_after_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._report: tuple[tuple[PoolUse, ...], float] | None = None
+
+    def record(self, pools: tuple[PoolUse, ...]) -> None:
+        with self._lock:
+            self._report = (pools, self._clock())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            report = self._report
+        if report is not None and report[1] < self._clock() - self._stale_after:
+            report = None
+        labels = ["namespace", "tenant", "key"]
+        families = {
+            field: GaugeMetricFamily(name, about, labels=labels)
+            for field, name, about in (
+                ("budget", "cozystack_gpu_budget_units", "The pool's budget for the key"),
+                (
+                    "carved_out",
+                    "cozystack_gpu_budget_carved_out_units",
+                    "What the bounded tenants in the pool carve out of the key",
+                ),
+                (
+                    "reserved",
+                    "cozystack_gpu_budget_reserved_units",
+                    "What the apps of the pool's members reserve of the key",
+                ),
+                (
+                    "left",
+                    "cozystack_gpu_budget_left_units",
+                    "Budget less carve-outs less reservations; below 0 the pool is over budget",
+                ),
+            )
+        }
+        unreadable = GaugeMetricFamily(
+            "cozystack_gpu_budget_pool_unreadable",
+            "1 per pool whose figures cannot be known: its arithmetic reads an object that does "
+            "not decode",
+            labels=["namespace", "tenant"],
+        )
+        stamp = GaugeMetricFamily(
+            "cozystack_gpu_budget_report_timestamp_seconds",
+            "When this replica last computed the budget report",
+        )
+        if report is not None:
+            pools, computed_at = report
+            stamp.add_metric([], computed_at)
+            for pool in pools:
+                if pool.unreadable is not None:
+                    unreadable.add_metric([pool.namespace, pool.tenant], 1.0)
+                for use in pool.keys:
+                    for field, family in families.items():
+                        family.add_metric(
+                            [pool.namespace, pool.tenant, use.key], getattr(use, field)
+                        )
+        yield from (*families.values(), unreadable, stamp)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 # The ports whose connections the edge keeps (`hooks.edge`).
 LISTENERS = ("hooks", "health", "metrics")
 
@@ -187,6 +263,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.classes = ClassCollector(stale_after_seconds, clock)
         self.registry.register(self.classes)
+        self.budgets = BudgetCollector(stale_after_seconds, clock)
+        self.registry.register(self.budgets)
         self.requests = Counter(
             "cozystack_gpu_hook_requests_total",
             "Hook calls by route template and HTTP code",
@@ -349,6 +427,8 @@ class Metrics:
             self._record_status(observation)
         elif isinstance(observation, LicenseCopiesObserved):
             self._record_license(observation)
+        elif isinstance(observation, BudgetUsageObserved):
+            self.budgets.record(observation.pools)
         else:
             self.budget_reviews.labels(verdict=observation.verdict).inc()
 

@@ -40,6 +40,7 @@ from hooks.wire.metacontroller import (
 )
 from hooks.wire.names import namespaced_key
 from hooks.wire.problems import Undecodable, decoded, decoder_for
+from hooks.wire.text import table
 
 # The kinds plan reads are the ones the hooks read, by (apiVersion, kind) as a dump names them.
 KINDS = {(related.api_version, related.kind): related for related in RELATED_KINDS}
@@ -341,14 +342,6 @@ def document(
     }
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
 def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: str | None) -> str:
     doc = document(plans, inventory, explain_class)
     rows = [["CLASS", "RESOURCE", "FREE", "MAX/NODE", "READY", "NOT FINE"]]
@@ -364,7 +357,7 @@ def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: 
                 ", ".join(problems(status_doc)) or "-",
             ]
         )
-    out = [_table(rows)]
+    out = [table(rows)]
     for entry in doc["classes"]:
         summary = entry["license"]
         if summary is None:
@@ -404,4 +397,4 @@ def render_explain(entry: dict[str, Any]) -> str:
     header = f"\nNodes advertising {entry['resource']} for {entry['name']}:"
     if len(rows) == 1:
         return f"{header} none"
-    return f"{header}\n{_table(rows)}"
+    return f"{header}\n{table(rows)}"

@@ -19,10 +19,11 @@ import msgspec
 from hooks.answer import (
     Answer,
     BudgetReviewObserved,
+    BudgetUsageObserved,
     LicenseCopiesObserved,
     Observation,
 )
-from hooks.controllers import budget, license, status
+from hooks.controllers import budget, budget_report, license, status
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
@@ -31,9 +32,11 @@ from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
     CustomizeRequest,
+    check_report_target,
     decode_composite_sync,
     decode_decorator_sync,
     decode_envelope,
+    decode_report_sync,
     encode,
 )
 from hooks.wire.problems import BadRequest
@@ -122,6 +125,26 @@ def license_sync(service: HookInputs, body: bytes) -> Answer:
     return _sync_answer(outcome)
 
 
+def report_customize(service: HookInputs, body: bytes) -> Answer:
+    check_report_target(decode_envelope(body, CustomizeRequest).parent, "parent")
+    answer = budget_report.customize()
+    return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
+
+
+def report_sync(service: HookInputs, body: bytes) -> Answer:
+    """The budget report: its log line counts the pools, and its metrics are the pools' figures
+    (none recorded when the sync could not tell)."""
+    outcome = budget_report.sync(decode_report_sync(body))
+    observed = BudgetUsageObserved(outcome.pools) if outcome.pools is not None else None
+    return Answer(
+        encode(outcome.response),
+        {"outcome": outcome.outcome, **outcome.counts},
+        skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
+        about={"controller": "gpuclass-budget-report"},
+        observation=observed,
+    )
+
+
 Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
 
 
@@ -168,6 +191,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("/status/sync", "metacontroller", status_sync, forkable=True),
     Hook("/license/customize", "metacontroller", license_customize, forkable=True),
     Hook("/license/sync", "metacontroller", license_sync, forkable=True),
+    Hook("/budget-report/customize", "metacontroller", report_customize, forkable=True),
+    Hook("/budget-report/sync", "metacontroller", report_sync, forkable=True),
     Hook("/admit/gpu-budget", "apiserver", app_budget),
     Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
 )

@@ -54,6 +54,11 @@ ANSWER_KEYS = {
     "/license/customize": ({"relatedResources"}, {"relatedResources"}),
     "/status/sync": ({"status", "children", "resyncAfterSeconds"}, {"status", "children"}),
     "/license/sync": ({"attachments", "status", "resyncAfterSeconds"}, {"attachments", "status"}),
+    "/budget-report/customize": ({"relatedResources"}, {"relatedResources"}),
+    "/budget-report/sync": (
+        {"attachments", "status", "resyncAfterSeconds"},
+        {"attachments", "status"},
+    ),
 }
 
 
@@ -73,7 +78,7 @@ def assert_answered(response: Any, route: str) -> None:
         assert all({"apiVersion", "resource"} <= set(rule) for rule in rules)
     if route == "/status/sync":
         assert payload["children"] == [] and isinstance(payload["status"], dict)
-    if route == "/license/sync":
+    if route in ("/license/sync", "/budget-report/sync"):
         assert payload["status"] is None and isinstance(payload["attachments"], list)
 
 

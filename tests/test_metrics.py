@@ -16,6 +16,7 @@ from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.apiserver import KUBEVIRT_PATH, FakeApiServer
 from tests.builders import (
+    example_of,
     gpuclass,
     license_sync_request,
     licensed_class,
@@ -284,6 +285,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
         licensed_class(), secrets=[source_secret()], namespaces=[namespace("a")]
     )
     client.post("/license/sync", json=request)
+    client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
     metrics.watch_threads(4, lambda: 0)
     metrics.memory_wait.observe(0.2)
     metrics.kubevirt_reads.labels(outcome="found").inc()

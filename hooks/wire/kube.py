@@ -119,6 +119,14 @@ class Secret(_Wire, frozen=True):
     data: dict[str, str] = {}
 
 
+class ConfigMap(_Wire, frozen=True):
+    """A ConfigMap of the budget report's name: whose it is, and what it holds (read only to
+    keep the report's own as they are)."""
+
+    metadata: ObjectMeta = ObjectMeta()
+    data: dict[str, str] = {}
+
+
 class Condition(_Wire, frozen=True):
     """A metav1.Condition, as the status carries it (read back from the parent, and written)."""
 

@@ -13,7 +13,17 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from hooks.wire.kube import Condition, GPUClass, Namespace, Node, Pod, Secret, is_absent
+from hooks.wire.kube import (
+    Condition,
+    ConfigMap,
+    GPUClass,
+    NameOnlyMeta,
+    Namespace,
+    Node,
+    Pod,
+    Secret,
+    is_absent,
+)
 from hooks.wire.problems import BadRequest, Undecodable, decode_request, decoded, decoder_for
 
 GPUCLASS_API_VERSION = "cozystack.io/v1alpha1"
@@ -24,7 +34,9 @@ NODES = "Node.v1"
 PODS = "Pod.v1"
 NAMESPACES = "Namespace.v1"
 SECRETS = "Secret.v1"
+CONFIGMAPS = "ConfigMap.v1"
 GPUCLASSES = f"{GPUCLASS_KIND}.{GPUCLASS_API_VERSION}"
+HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
 
 RawGroups = dict[str, dict[str, msgspec.Raw]]
 
@@ -264,3 +276,80 @@ def decode_group(
         except Undecodable:
             invalid.append(name)
     return DecodedGroup(objects, invalid)
+
+
+class _ReportGroups(msgspec.Struct):
+    releases: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=HELMRELEASES)
+    classes: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=GPUCLASSES)
+    config_maps: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=CONFIGMAPS)
+
+
+class _ReportSync(msgspec.Struct):
+    object: msgspec.Raw = msgspec.Raw()
+    attachments: _ReportGroups | None = None
+    related: _ReportGroups = msgspec.field(default_factory=_ReportGroups)
+
+
+@dataclass(frozen=True)
+class ReportSync:
+    """The budget report's sync request: each release still raw (the budget rules read each on
+    its own, and mark what does not decode), the classes and ConfigMaps decoded; a group is None
+    when the request did not carry it."""
+
+    object: msgspec.Raw
+    releases: list[msgspec.Raw] | None
+    classes: DecodedGroup | None
+    same_named: DecodedGroup | None
+    attached: DecodedGroup | None
+
+
+_REPORT = msgspec.json.Decoder(_ReportSync)
+
+REPORT_TARGET_API_VERSION = "rbac.authorization.k8s.io/v1"
+REPORT_TARGET_KIND = "ClusterRole"
+
+
+class _Target(msgspec.Struct, rename="camel"):
+    api_version: str = ""
+    kind: str = ""
+    metadata: NameOnlyMeta = NameOnlyMeta()
+
+
+_TARGET = msgspec.json.Decoder(_Target)
+
+
+def check_report_target(raw: msgspec.Raw, field: str) -> str:
+    """The budget report's target (the release's admission ClusterRole): its name, or BadRequest
+    for anything else."""
+    if is_absent(raw):
+        raise BadRequest(f"request has no {field}")
+    try:
+        target = decoded(_TARGET, raw)
+    except Undecodable as error:
+        raise BadRequest(f"{field} is not a valid object: {error}") from None
+    if (target.api_version, target.kind) != (REPORT_TARGET_API_VERSION, REPORT_TARGET_KIND):
+        raise BadRequest(f"{field} is not a {REPORT_TARGET_API_VERSION} {REPORT_TARGET_KIND}")
+    if not target.metadata.name:
+        raise BadRequest(f"{field} has no metadata.name")
+    return target.metadata.name
+
+
+def _decoded_each(group: Mapping[str, msgspec.Raw] | None, kind: type) -> DecodedGroup | None:
+    return None if group is None else decode_group({"": group}, "", kind)
+
+
+def decode_report_sync(body: bytes) -> ReportSync:
+    """One pass over the body, each related object kept as its bytes: one object that does not
+    decode never sinks the request."""
+    request = decode_request(_REPORT, body, "request envelope")
+    check_report_target(request.object, "object")
+    if request.attachments is None:
+        raise BadRequest("request has no attachments")
+    related = request.related
+    return ReportSync(
+        request.object,
+        list(related.releases.values()) if related.releases is not None else None,
+        _decoded_each(related.classes, GPUClass),
+        _decoded_each(related.config_maps, ConfigMap),
+        _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
+    )

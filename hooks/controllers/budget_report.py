@@ -1,0 +1,206 @@
+"""DecoratorController `gpuclass-budget-report`: every GPU budget pool's use, for people to read.
+
+Its target is one cluster-scoped object of the release (the admission ClusterRole, selected by a
+label), so that its attachments may live in any namespace and go with the release: a ConfigMap
+`gpu-budget` in the namespace of each bounded tenant with a GPU budget, holding its own pool's
+figures (`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that
+reserve. Its related objects are the Tenant, VMInstance and KubernetesNodes releases, the
+GPUClasses, and every ConfigMap named `gpu-budget`: one that is not an attachment is a tenant's
+own, and is never written over. The webhook never reads the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from hooks.controllers import STALE_RULES_RETRY_SECONDS
+from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.tenancy import (
+    KUBERNETES_NODES,
+    TENANT,
+    VM_INSTANCE,
+    App,
+    Tenancy,
+    Tenant,
+)
+from hooks.rules.budget.usage import PoolUse, budget_usage
+from hooks.rules.classes import class_identity
+from hooks.rules.invalid import InvalidObject
+from hooks.wire.cozystack import KIND_LABEL
+from hooks.wire.kube import ConfigMap
+from hooks.wire.metacontroller import (
+    GPUCLASS_API_VERSION,
+    CustomizeResponse,
+    DecoratorSyncResponse,
+    LabelSelector,
+    RelatedRule,
+    ReportSync,
+    Requirement,
+)
+from hooks.wire.text import table
+
+REPORT_NAME = "gpu-budget"
+REPORT_LABEL = "gpuclass.cozystack.io/budget-report"
+
+ReportResult = Literal["ok", "stale_related"]
+
+
+class ReportMetadata(msgspec.Struct, kw_only=True):
+    name: str
+    namespace: str
+    labels: dict[str, str]
+
+
+class ReportConfigMap(msgspec.Struct, kw_only=True, rename="camel"):
+    """A desired attachment: exactly the fields we own."""
+
+    api_version: str = "v1"
+    kind: str = "ConfigMap"
+    metadata: ReportMetadata
+    data: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    response: DecoratorSyncResponse
+    outcome: ReportResult = "ok"
+    pools: tuple[PoolUse, ...] | None = None  # None: the sync could not tell
+    invalid: tuple[InvalidObject, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def customize() -> CustomizeResponse:
+    return CustomizeResponse(
+        related_resources=[
+            RelatedRule(
+                api_version="helm.toolkit.fluxcd.io/v2",
+                resource="helmreleases",
+                label_selector=LabelSelector(
+                    match_expressions=[
+                        Requirement(
+                            key=KIND_LABEL,
+                            operator="In",
+                            values=[TENANT, VM_INSTANCE, KUBERNETES_NODES],
+                        )
+                    ]
+                ),
+            ),
+            RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses"),
+            RelatedRule(api_version="v1", resource="configmaps", names=[REPORT_NAME]),
+        ]
+    )
+
+
+def report_document(pool: PoolUse) -> dict[str, object]:
+    """What a tenant reads of its own pool, as JSON: each key's figures and the apps that
+    reserve; an unreadable pool says why instead."""
+    return {
+        "tenant": pool.tenant,
+        "namespace": pool.namespace,
+        "keys": [
+            {
+                "key": use.key,
+                "budget": use.budget,
+                "carvedOut": use.carved_out,
+                "reserved": use.reserved,
+                "left": use.left,
+            }
+            for use in pool.keys
+        ],
+        "apps": [
+            {
+                "kind": app.kind,
+                "namespace": app.namespace,
+                "name": app.name,
+                "reserves": dict(app.units),
+            }
+            for app in pool.apps
+        ],
+        "unreadable": pool.unreadable,
+    }
+
+
+def report_table(pool: PoolUse) -> str:
+    """The same figures as a table, as `kubectl get configmap gpu-budget -o yaml` shows them."""
+    if pool.unreadable is not None:
+        return f"the figures of this pool cannot be known: {pool.unreadable}\n"
+    rows = [("KEY", "BUDGET", "CARVED OUT", "RESERVED", "LEFT")]
+    rows += [
+        (u.key, str(u.budget), str(u.carved_out), str(u.reserved), str(u.left)) for u in pool.keys
+    ]
+    lines = [table(rows)]
+    for app in pool.apps:
+        reserves = ", ".join(f"{key} {units}" for key, units in app.units)
+        lines.append(f"{app.kind} {app.namespace}/{app.name}: {reserves}")
+    return "\n".join(lines) + "\n"
+
+
+def _report(pool: PoolUse) -> ReportConfigMap:
+    return ReportConfigMap(
+        metadata=ReportMetadata(
+            name=REPORT_NAME, namespace=pool.namespace, labels={REPORT_LABEL: "true"}
+        ),
+        data={
+            "budget.json": msgspec.json.encode(report_document(pool)).decode(),
+            "budget.txt": report_table(pool),
+        },
+    )
+
+
+def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
+    """The reports as they are: the answer while the request cannot be trusted."""
+    return [
+        ReportConfigMap(
+            metadata=ReportMetadata(
+                name=c.metadata.name, namespace=c.metadata.namespace, labels={REPORT_LABEL: "true"}
+            ),
+            data=dict(c.data),
+        )
+        for c in sorted(attached, key=lambda c: c.metadata.namespace)
+    ]
+
+
+def sync(request: ReportSync) -> ReportOutcome:
+    attached = list(request.attached.objects) if request.attached else []
+    if request.releases is None or request.classes is None or request.same_named is None:
+        # Selected by other rules than today's: keep the reports until customize is asked again.
+        response = DecoratorSyncResponse(
+            attachments=_kept(attached), status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
+        )
+        return ReportOutcome(response, "stale_related", counts={"kept": len(attached)})
+    objects = [release_object(raw) for raw in request.releases]
+    tenancy = Tenancy(
+        tuple(o for o in objects if isinstance(o, Tenant)),
+        tuple(o for o in objects if isinstance(o, App)),
+    )
+    classes = [class_identity(c) for c in request.classes.objects]
+    pools = budget_usage(tenancy, classes)
+    invalid = tuple(
+        InvalidObject("GPUClass", name, "does not decode") for name in request.classes.invalid
+    )
+    if invalid:
+        # A device of that class maps to no key: every figure could be short.
+        problem = f"GPUClass {invalid[0].name}: does not decode"
+        pools = tuple(PoolUse(p.namespace, p.tenant, (), (), problem) for p in pools)
+    ours = {c.metadata.namespace for c in attached}
+    taken = {
+        c.metadata.namespace
+        for c in request.same_named.objects
+        if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
+    }
+    reports = [_report(pool) for pool in pools if pool.namespace not in taken]
+    response = DecoratorSyncResponse(attachments=reports, status=None)
+    return ReportOutcome(
+        response,
+        pools=pools,
+        invalid=invalid,
+        counts={
+            "pools": len(pools),
+            "over_budget": sum(1 for p in pools if p.over_budget),
+            "unreadable": sum(1 for p in pools if p.unreadable is not None),
+            "conflicts": len([p for p in pools if p.namespace in taken]),
+        },
+    )

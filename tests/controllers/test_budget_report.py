@@ -1,0 +1,251 @@
+"""The budget report's hooks through HTTP (Flask's test client), with Metacontroller-shaped
+requests: one ConfigMap `gpu-budget` per GPU budget pool, holding its own figures only, never
+written over a tenant's own, kept while the request cannot be trusted; and its metrics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from hooks.app import create_app
+from hooks.metrics import Metrics
+from hooks.settings import Settings
+from tests.builders import example_of
+
+SYNC = "/budget-report/sync"
+HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
+CONFIGMAPS = "ConfigMap.v1"
+TOTAL = "gpuclass.cozystack.io/devices"
+L40S_KEY = "l40s-24q.gpuclass.cozystack.io/devices"
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics(180.0, clock=lambda: 1000.0)
+
+
+@pytest.fixture
+def client(settings: Settings, metrics: Metrics) -> FlaskClient:
+    return create_app(settings, metrics=metrics).test_client()
+
+
+def example() -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(example_of(SYNC))
+    return body
+
+
+def reports(client: FlaskClient, body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    response = client.post(SYNC, json=body)
+    assert response.status_code == 200, response.get_data()
+    answer = response.get_json()
+    assert set(answer) == {"attachments", "status"} and answer["status"] is None
+    return {a["metadata"]["namespace"]: a for a in answer["attachments"]}
+
+
+def document(report: dict[str, Any]) -> dict[str, Any]:
+    parsed: dict[str, Any] = json.loads(report["data"]["budget.json"])
+    return parsed
+
+
+def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClient) -> None:
+    found = reports(client, example())
+    assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
+    acme = found["tenant-acme"]
+    assert (acme["apiVersion"], acme["kind"], acme["metadata"]) == (
+        "v1",
+        "ConfigMap",
+        {
+            "name": "gpu-budget",
+            "namespace": "tenant-acme",
+            "labels": {"gpuclass.cozystack.io/budget-report": "true"},
+        },
+    )
+    assert document(acme)["keys"] == [
+        {"key": TOTAL, "budget": 4, "carvedOut": 1, "reserved": 3, "left": 0},
+        {"key": L40S_KEY, "budget": 2, "carvedOut": 0, "reserved": 2, "left": 0},
+    ]
+    assert [(a["namespace"], a["name"], a["reserves"]) for a in document(acme)["apps"]] == [
+        ("tenant-acme", "render", {TOTAL: 2, L40S_KEY: 2}),
+        ("tenant-acme-team", "workers", {TOTAL: 1}),
+    ]
+    assert acme["data"]["budget.txt"].splitlines()[:3] == [
+        "KEY                                     BUDGET  CARVED OUT  RESERVED  LEFT",
+        "gpuclass.cozystack.io/devices           4       1           3         0",
+        "l40s-24q.gpuclass.cozystack.io/devices  2       0           2         0",
+    ]
+
+
+def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
+    """The sub-tenant lab sees its own pool: none of acme's apps, nor acme's figures."""
+    lab = reports(client, example())["tenant-acme-lab"]
+    assert document(lab) == {
+        "tenant": "lab",
+        "namespace": "tenant-acme-lab",
+        "keys": [
+            {"key": TOTAL, "budget": 1, "carvedOut": 0, "reserved": 0, "left": 1},
+            {"key": L40S_KEY, "budget": 0, "carvedOut": 0, "reserved": 0, "left": 0},
+        ],
+        "apps": [],
+        "unreadable": None,
+    }
+    assert "render" not in json.dumps(lab) and "acme/" not in json.dumps(lab)
+
+
+def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: FlaskClient) -> None:
+    legacy = reports(client, example())["tenant-legacy"]
+    assert document(legacy)["keys"] == [] and document(legacy)["unreadable"].startswith(
+        "HelmRelease tenant-legacy/vm-instance-old: spec.values.gpus"
+    )
+    assert legacy["data"]["budget.txt"].startswith("the figures of this pool cannot be known: ")
+
+
+def test_a_tenants_own_configmap_of_that_name_is_never_written_over(client: FlaskClient) -> None:
+    body = example()
+    tenants_own = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpu-budget", "namespace": "tenant-acme", "uid": "theirs"},
+        "data": {"notes": "mine"},
+    }
+    body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": tenants_own}
+    assert "tenant-acme" not in reports(client, body)
+
+
+def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
+    client: FlaskClient,
+) -> None:
+    body = example()
+    ours = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "gpu-budget",
+            "namespace": "tenant-acme",
+            "annotations": {"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-report"},
+        },
+        "data": {"budget.json": "{}", "budget.txt": "old"},
+    }
+    body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
+    body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
+    assert document(reports(client, body)["tenant-acme"])["keys"][0]["reserved"] == 3
+
+
+def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> None:
+    body = example()
+    releases = body["related"][HELMRELEASES]
+    releases["tenant-acme/tenant-lab"]["spec"]["values"] = {}
+    assert "tenant-acme-lab" not in reports(client, body)
+
+
+def test_while_the_related_groups_cannot_be_trusted_the_reports_are_kept_as_they_are(
+    client: FlaskClient,
+) -> None:
+    body = example()
+    kept = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpu-budget", "namespace": "tenant-acme", "resourceVersion": "9"},
+        "data": {"budget.json": "{}", "budget.txt": "as it was"},
+    }
+    body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
+    del body["related"][HELMRELEASES]
+    response = client.post(SYNC, json=body).get_json()
+    assert response["resyncAfterSeconds"] == 10.0
+    assert response["attachments"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "gpu-budget",
+                "namespace": "tenant-acme",
+                "labels": {"gpuclass.cozystack.io/budget-report": "true"},
+            },
+            "data": {"budget.json": "{}", "budget.txt": "as it was"},
+        }
+    ]
+
+
+def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
+    client: FlaskClient,
+) -> None:
+    """A device of that class maps to no key, so every figure could be short."""
+    body = example()
+    body["related"]["GPUClass.cozystack.io/v1alpha1"]["broken"] = {"metadata": []}
+    found = reports(client, body)
+    assert all(document(r)["keys"] == [] for r in found.values())
+    assert {document(r)["unreadable"] for r in found.values()} == {
+        "GPUClass broken: does not decode"
+    }
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"apiVersion": "cozystack.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {}},
+        None,
+    ],
+    ids=["another-kind", "no-name", "missing"],
+)
+def test_a_target_that_is_not_a_named_cluster_role_is_a_400(
+    client: FlaskClient, target: Any
+) -> None:
+    body = example()
+    body["object"] = target
+    customize = {"parent": target}
+    for route, sent in ((SYNC, body), ("/budget-report/customize", customize)):
+        response = client.post(route, json=sent)
+        assert response.status_code == 400 and set(response.get_json()) == {"error"}
+
+
+def series(metrics: Metrics, family: str) -> dict[tuple[str, ...], float]:
+    found = {}
+    for line in metrics.exposition()[0].decode().splitlines():
+        if line.startswith(family + "{"):
+            labels, value = line[len(family) + 1 :].rsplit("} ", 1)
+            found[tuple(sorted(labels.split(",")))] = float(value)
+    return found
+
+
+def test_the_metrics_hold_one_series_per_bounded_tenant_and_key(
+    client: FlaskClient, metrics: Metrics
+) -> None:
+    reports(client, example())
+    left = series(metrics, "cozystack_gpu_budget_left_units")
+    assert left == {
+        (f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"'): 0.0,
+        (f'key="{L40S_KEY}"', 'namespace="tenant-acme"', 'tenant="acme"'): 0.0,
+        (f'key="{TOTAL}"', 'namespace="tenant-acme-lab"', 'tenant="lab"'): 1.0,
+        (f'key="{L40S_KEY}"', 'namespace="tenant-acme-lab"', 'tenant="lab"'): 0.0,
+    }
+    assert series(metrics, "cozystack_gpu_budget_pool_unreadable") == {
+        ('namespace="tenant-legacy"', 'tenant="legacy"'): 1.0
+    }
+    body = example()
+    body["related"][HELMRELEASES]["tenant-acme/tenant-lab"]["spec"]["values"] = {}
+    reports(client, body)  # a pool left out of the report is gone at once
+    assert not any("tenant-acme-lab" in k for k in series(metrics, "cozystack_gpu_budget_units"))
+
+
+def test_a_pool_over_its_budget_shows_below_zero(client: FlaskClient, metrics: Metrics) -> None:
+    body = example()
+    quotas = body["related"][HELMRELEASES]["tenant-root/tenant-acme"]["spec"]["values"]
+    quotas["resourceQuotas"][TOTAL] = "2"  # lowered by the operator under what is held
+    reports(client, body)
+    left = series(metrics, "cozystack_gpu_budget_left_units")
+    assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"')] == -2.0
+
+
+def test_the_report_series_go_three_status_resyncs_after_the_last_report(
+    settings: Settings,
+) -> None:
+    now = [1000.0]
+    metrics = Metrics(180.0, clock=lambda: now[0])
+    create_app(settings, metrics=metrics).test_client().post(SYNC, data=example_of(SYNC))
+    now[0] += 179.0
+    assert series(metrics, "cozystack_gpu_budget_units")
+    now[0] += 2.0
+    assert series(metrics, "cozystack_gpu_budget_units") == {}
