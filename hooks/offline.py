@@ -17,9 +17,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from hooks.controllers import license, status
+from hooks.controllers import budget_report, license, status
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
+from hooks.rules.budget.usage import PoolUse
 from hooks.rules.capacity import Capacity
 from hooks.rules.class_status import CONDITIONS
 from hooks.rules.conditions import READY
@@ -29,14 +30,18 @@ from hooks.rules.selectors import check_rule, rule_selects
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt, ObjectMeta, Secret
 from hooks.wire.metacontroller import (
+    CONFIGMAPS,
     GPUCLASS_API_VERSION,
     RELATED_KINDS,
+    REPORT_TARGET_API_VERSION,
+    REPORT_TARGET_KIND,
     SECRETS,
     CustomizeRequest,
     RelatedKind,
     RelatedRule,
     decode_composite_sync,
     decode_decorator_sync,
+    decode_report_sync,
 )
 from hooks.wire.names import namespaced_key
 from hooks.wire.problems import Undecodable, decoded, decoder_for
@@ -317,6 +322,31 @@ def explain(plan: OfflineClass) -> list[dict[str, Any]]:
     ]
 
 
+RELEASES = ("helm.toolkit.fluxcd.io/v2", "helmreleases")
+# The budget report's target as Metacontroller would send it; plan reads no ClusterRole.
+PLAN_TARGET = {
+    "apiVersion": REPORT_TARGET_API_VERSION,
+    "kind": REPORT_TARGET_KIND,
+    "metadata": {"name": "plan"},
+}
+
+
+def budget_pools(inventory: Inventory) -> tuple[PoolUse, ...] | None:
+    """The budget report's pools on the dump's releases and classes, computed by the report's
+    own sync; None when the dump holds no HelmRelease. ConfigMaps are not read: a tenant's own
+    `gpu-budget` changes where the report is written, not its figures."""
+    if not inventory.objects.get(RELEASES):
+        return None
+    rules = [
+        rule
+        for rule in budget_report.customize().related_resources
+        if (rule.api_version, rule.resource) in BY_RESOURCE
+    ]
+    related: dict[str, dict[str, Any]] = {**select_related(rules, inventory), CONFIGMAPS: {}}
+    body = {"object": PLAN_TARGET, "attachments": {CONFIGMAPS: {}}, "related": related}
+    return budget_report.sync(decode_report_sync(_bytes(body))).pools
+
+
 def document(
     plans: list[OfflineClass], inventory: Inventory, explain_class: str | None
 ) -> dict[str, Any]:
@@ -335,8 +365,11 @@ def document(
         if plan.name == explain_class:
             entry["nodes"] = explain(plan)
         classes.append(entry)
+    pools = budget_pools(inventory)
+    budgets = None if pools is None else [budget_report.report_document(pool) for pool in pools]
     return {
         "classes": classes,
+        "budgets": budgets,
         "kubevirtFound": inventory.kubevirt is not None,
         "ignoredObjects": inventory.unknown,
     }
@@ -368,6 +401,8 @@ def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: 
         out.append(f"  copy in:  {', '.join(summary['copies']) or '-'}")
         skipped = [f"{s['namespace']} ({s['why']})" for s in summary["skipped"]]
         out.append(f"  skipped:  {'; '.join(skipped) or '-'}")
+    if doc["budgets"] is not None:
+        out.append(render_budgets(doc["budgets"]))
     for entry in doc["classes"]:
         if "nodes" in entry:
             out.append(render_explain(entry))
@@ -377,6 +412,24 @@ def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: 
         count = doc["ignoredObjects"]
         out.append(f"\nIgnored {count} object{'s' if count != 1 else ''} of other kinds.")
     return "\n".join(out) + "\n"
+
+
+def render_budgets(budgets: list[dict[str, Any]]) -> str:
+    """Every GPU budget pool, a row per key: the figures its ConfigMap gpu-budget holds."""
+    rows = [["TENANT", "NAMESPACE", "KEY", "BUDGET", "CARVED OUT", "RESERVED", "LEFT"]]
+    unknown = []
+    for pool in budgets:
+        if pool["unreadable"] is not None:
+            unknown.append(f"  {pool['tenant']} ({pool['namespace']}): {pool['unreadable']}")
+        for use in pool["keys"]:
+            figures = [use["budget"], use["carvedOut"], use["reserved"], use["left"]]
+            rows.append([pool["tenant"], pool["namespace"], use["key"], *map(str, figures)])
+    if len(rows) == 1 and not unknown:
+        return "\nGPU budgets: none"
+    out = ["\nGPU budgets:", table(rows)] if len(rows) > 1 else ["\nGPU budgets:"]
+    if unknown:
+        out += ["Pools whose figures cannot be known:", *unknown]
+    return "\n".join(out)
 
 
 def render_explain(entry: dict[str, Any]) -> str:

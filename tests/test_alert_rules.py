@@ -64,6 +64,15 @@ def tls_failures(listener: str, reason: str) -> str:
     return f"cozystack_gpu_hook_tls_handshake_failures_total{{{labels}}}"
 
 
+def budget_left(tenant: str, namespace: str, instance: str) -> str:
+    labels = f'tenant="{tenant}", namespace="{namespace}", key="gpuclass.cozystack.io/devices"'
+    return f'cozystack_gpu_budget_left_units{{{labels}, instance="{instance}"}}'
+
+
+def report_stamp(instance: str) -> str:
+    return f'cozystack_gpu_budget_report_timestamp_seconds{{instance="{instance}"}}'
+
+
 CASES = [
     Case(
         "GPUClassNotReady",
@@ -179,6 +188,32 @@ CASES = [
         quiet_until="10m",
         fires_at="12m",
         summary="GPU budget reviews are denied because their inputs cannot be read",
+    ),
+    Case(
+        "GPUBudgetPoolOverBudget",
+        # replica b reported last: its figures count, a's older over-budget ones do not
+        firing=[
+            (budget_left("acme", "tenant-acme", "b"), "-2x40"),
+            (report_stamp("b"), "0+60x40"),
+            (budget_left("acme", "tenant-acme", "a"), "0x40"),
+            (report_stamp("a"), "0+59x40"),
+        ],
+        quiet=[
+            (budget_left("acme", "tenant-acme", "a"), "-2x40"),
+            (report_stamp("a"), "0+59x40"),
+            (budget_left("acme", "tenant-acme", "b"), "0x40"),
+            (report_stamp("b"), "0+60x40"),
+            (budget_left("lab", "tenant-acme-lab", "b"), "1x40"),
+        ],
+        quiet_until="14m",
+        fires_at="16m",
+        labels={
+            "tenant": "acme",
+            "namespace": "tenant-acme",
+            "key": "gpuclass.cozystack.io/devices",
+        },
+        summary="The GPU budget pool of tenant acme (tenant-acme) is over its "
+        "gpuclass.cozystack.io/devices budget",
     ),
     Case(
         # rate() over 10m of a counter that starts in the window passes one a minute at 6m

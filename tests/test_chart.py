@@ -57,8 +57,10 @@ def default_render() -> list[dict[str, Any]]:
 
 def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     found = {}
-    for kind in ("CompositeController", "DecoratorController"):
-        controller = one(documents, kind)
+    for controller in [
+        *by_kind(documents, "CompositeController"),
+        *by_kind(documents, "DecoratorController"),
+    ]:
         for name, hook in controller["spec"]["hooks"].items():
             found[f"{controller['metadata']['name']}/{name}"] = hook
     return found
@@ -125,9 +127,12 @@ def test_gpu_switch_follows_the_operator_variant_unless_set(
     documents = render(*sets)
     env = one(documents, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "GPUCLASS_ENABLED", "value": expected} in env
-    # Off keeps both controllers, so that copies are deleted and status cleared.
+    # Off keeps every controller, so that copies are deleted and status cleared.
     assert len(by_kind(documents, "CompositeController")) == 1
-    assert len(by_kind(documents, "DecoratorController")) == 1
+    assert [d["metadata"]["name"] for d in by_kind(documents, "DecoratorController")] == [
+        "gpuclass-license",
+        "gpuclass-budget-report",
+    ]
 
 
 def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str, Any]]) -> None:
@@ -139,6 +144,8 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         "gpuclass-status/sync",
         "gpuclass-license/customize",
         "gpuclass-license/sync",
+        "gpuclass-budget-report/customize",
+        "gpuclass-budget-report/sync",
     }
     service = one(default_render, "Service")
     for hook in hooks.values():
@@ -184,8 +191,15 @@ def test_status_controller_shape(default_render: list[dict[str, Any]]) -> None:
     }
 
 
+def decorator(documents: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [controller] = [
+        d for d in by_kind(documents, "DecoratorController") if d["metadata"]["name"] == name
+    ]
+    return controller
+
+
 def test_license_controller_shape(default_render: list[dict[str, Any]]) -> None:
-    controller = one(default_render, "DecoratorController")
+    controller = decorator(default_render, "gpuclass-license")
     # The decorator's name marks managed copies (hooks.rules.license.DECORATOR_NAME).
     from hooks.rules.license import DECORATOR_NAME
 
@@ -201,6 +215,33 @@ def test_license_controller_shape(default_render: list[dict[str, Any]]) -> None:
     ]
     assert spec["attachments"] == [
         {"apiVersion": "v1", "resource": "secrets", "updateStrategy": {"method": "InPlace"}}
+    ]
+
+
+def test_budget_report_controller_decorates_the_releases_admission_cluster_role(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Its target is cluster-scoped (the ConfigMaps live in tenant namespaces), owned by the
+    release (they go with it), and selected by a label only that ClusterRole carries."""
+    spec = decorator(default_render, "gpuclass-budget-report")["spec"]
+    assert spec["resyncPeriodSeconds"] == 60
+    [resource] = spec["resources"]
+    assert (resource["apiVersion"], resource["resource"]) == (
+        "rbac.authorization.k8s.io/v1",
+        "clusterroles",
+    )
+    targets = [
+        r
+        for r in by_kind(default_render, "ClusterRole")
+        if resource["labelSelector"]["matchLabels"].items() <= r["metadata"]["labels"].items()
+    ]
+    assert [t["metadata"]["name"] for t in targets] == ["gpu-gpuclass-hooks-admission"]
+    assert spec["attachments"] == [
+        {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}
+    ]
+    off = render("admission.enabled=false")
+    assert [d["metadata"]["name"] for d in by_kind(off, "DecoratorController")] == [
+        "gpuclass-license"
     ]
 
 

@@ -16,6 +16,7 @@ from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import (
     OTHER_GPU,
+    example_of,
     gpuclass,
     license_sync_request,
     licensed_class,
@@ -72,6 +73,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
                 namespaces=[namespace("a")],
             )
             assert client.post("/status/sync", json=request).status_code == 200
+        report = client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
+        assert report.status_code == 200
         client.post(
             "/license/sync",
             json=license_sync_request(
@@ -234,6 +237,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
         "GPUClassHookClientErrors",
         "GPUClassHooksDown",
         "GPUClassBudgetReviewsFailingClosed",
+        "GPUBudgetPoolOverBudget",
         "GPUClassHookMemoryBudgetRefusals",
         "GPUClassHookStalledBodies",
     }

@@ -336,6 +336,12 @@ MALFORMED = [
         "metadata.labels",
     ),
     (
+        "helm.toolkit.fluxcd.io/v2",
+        "HelmRelease",
+        {"metadata": {"name": "tenant-a", "namespace": "tenant-root", "labels": []}},
+        "metadata.labels",
+    ),
+    (
         "kubevirt.io/v1",
         "KubeVirt",
         {
@@ -755,3 +761,54 @@ def test_a_dump_without_classes_plans_nothing(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (0, "")
     assert result.stdout.splitlines()[0] == "CLASS  RESOURCE  FREE  MAX/NODE  READY  NOT FINE"
     assert "\nNo KubeVirt CR in the input" in result.stdout
+
+
+REPORT_EXAMPLE = json.loads(builders.example_of("/budget-report/sync"))
+
+
+def report_dump(tmp_path: Path) -> Path:
+    """The example report request's releases and classes as `kubectl get -o json` dumps them,
+    with a release of another kind the report's selector leaves out."""
+    related = REPORT_EXAMPLE["related"]
+    items = [
+        *related["HelmRelease.helm.toolkit.fluxcd.io/v2"].values(),
+        *related["GPUClass.cozystack.io/v1alpha1"].values(),
+        builders.helmrelease("Tenant", "tenant-root", "ignored", {})
+        | {"metadata": {"name": "redis-cache", "namespace": "tenant-acme", "labels": {}}},
+    ]
+    path = tmp_path / "releases.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return path
+
+
+def test_the_budgets_plan_shows_are_the_figures_the_live_report_writes(
+    tmp_path: Path, settings: Settings
+) -> None:
+    live = create_app(settings).test_client().post("/budget-report/sync", json=REPORT_EXAMPLE)
+    written = [json.loads(c["data"]["budget.json"]) for c in live.get_json()["attachments"]]
+    result = run_plan(str(report_dump(tmp_path)), "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["budgets"] == written
+
+
+def test_plan_prints_every_gpu_budget_pool_a_row_per_key(tmp_path: Path) -> None:
+    result = run_plan(str(report_dump(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    section = result.stdout.split("\nGPU budgets:\n", 1)[1].splitlines()
+    assert section[:5] == [
+        "TENANT  NAMESPACE        KEY                                     BUDGET  CARVED OUT  RESERVED  LEFT",
+        "acme    tenant-acme      gpuclass.cozystack.io/devices           4       1           3         0",
+        "acme    tenant-acme      l40s-24q.gpuclass.cozystack.io/devices  2       0           2         0",
+        "lab     tenant-acme-lab  gpuclass.cozystack.io/devices           1       0           0         1",
+        "lab     tenant-acme-lab  l40s-24q.gpuclass.cozystack.io/devices  0       0           0         0",
+    ]
+    assert section[5] == "Pools whose figures cannot be known:"
+    assert section[6].startswith(
+        "  legacy (tenant-legacy): HelmRelease tenant-legacy/vm-instance-old"
+    )
+
+
+def test_a_dump_without_releases_prints_no_budgets(tmp_path: Path) -> None:
+    result = run_plan(str(CLUSTER), "-o", "json")
+    assert json.loads(result.stdout)["budgets"] is None
+    assert "GPU budgets" not in run_plan(str(CLUSTER)).stdout

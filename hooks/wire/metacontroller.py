@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from hooks.wire.cozystack import HelmRelease
 from hooks.wire.kube import (
     Condition,
     ConfigMap,
@@ -163,6 +164,9 @@ RELATED_KINDS = (
     RelatedKind("v1", "Namespace", "namespaces", NAMESPACES, Namespace),
     RelatedKind("v1", "Secret", "secrets", SECRETS, Secret, namespaced=True),
     RelatedKind(GPUCLASS_API_VERSION, GPUCLASS_KIND, "gpuclasses", GPUCLASSES, GPUClass),
+    RelatedKind(
+        "helm.toolkit.fluxcd.io/v2", "HelmRelease", "helmreleases", HELMRELEASES, HelmRelease, True
+    ),
 )
 # The kinds the hooks read, by group key; any other group is skipped unread.
 GROUP_KINDS: dict[str, type] = {related.group_key: related.type for related in RELATED_KINDS}

@@ -101,6 +101,17 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: "GPU budget reviews are denied because their inputs cannot be read"
       description: "The admission webhook fails closed: while it cannot read HelmReleases or GPUClasses, tenants cannot create or grow VMs and worker pools. The denial message names what could not be read; check the API server and the hooks' RBAC."
       runbook_url: {{ printf "%s#gpuclassbudgetreviewsfailingclosed" $runbooks | quote }}
+  - alert: GPUBudgetPoolOverBudget
+    # the freshest replica's report: a replica that stopped reporting keeps its last figures
+    # until they go stale
+    expr: max by (namespace, tenant, key) (cozystack_gpu_budget_left_units and on (instance) (cozystack_gpu_budget_report_timestamp_seconds == scalar(max(cozystack_gpu_budget_report_timestamp_seconds)))) < 0
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `The GPU budget pool of tenant {{ $labels.tenant }} ({{ $labels.namespace }}) is over its {{ $labels.key }} budget` | quote }}
+      description: {{ `Its carve-outs and reservations exceed its budget (cozystack_gpu_budget_left_units is below 0): the budget was lowered under what is held, or apps predate the webhook. Growth in the pool is refused until it is back within; nothing is taken from running apps. The tenant's ConfigMap gpu-budget lists what reserves.` | quote }}
+      runbook_url: {{ printf "%s#gpubudgetpooloverbudget" $runbooks | quote }}
   - alert: GPUClassHookMemoryBudgetRefusals
     expr: sum(rate(cozystack_gpu_hook_memory_refused_total{code="429"}[10m])) * 60 > 1
     for: 15m
