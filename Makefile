@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
-	image image-base image-test bugs e2e bench-metacontroller
+	image image-base image-test bugs e2e bench-metacontroller bench-report
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -73,6 +73,11 @@ clean:
 # trickling heads, stalled handshakes, an idle flood and 1 GB admission declarations, none with
 # the token, beside authenticated calls (about a minute).
 ARGS ?=
+# The budget report's sync at 1,000 tenants x $(APPS) apps: size, time, the served peak memory.
+APPS ?= 50
+bench-report: $(BIN)/gpuclass-hooks
+	$(BIN)/python -m bench.report --apps $(APPS)
+
 bench-load: $(BIN)/gpuclass-hooks
 	$(BIN)/python -m bench.load $(ARGS)
 

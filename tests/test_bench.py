@@ -71,3 +71,20 @@ def test_the_echo_the_slow_client_benchmark_reports_for_scale_answers_every_roun
     with echo_round_trip() as round_trip:
         times = [round_trip() for _ in range(20)]
     assert all(0 < ms < 1000 for ms in times)
+
+
+def test_the_report_benchmark_sends_a_tenancy_of_a_thousand_tenants_with_nested_pools() -> None:
+    from bench import report
+
+    body = report.request_body(apps_per_tenant=2)
+    answer = json.loads(report.in_process(body))
+    namespaces = sorted(a["metadata"]["namespace"] for a in answer["attachments"])
+    # every top-level tenant, and every other sub-tenant, is bounded with GPU keys
+    assert len(namespaces) == report.TOP_LEVEL * (1 + report.SUB_TENANTS // 2)
+    acme = json.loads(answer["attachments"][0]["data"]["budget.json"])
+    assert {k["key"] for k in acme["keys"]} == {
+        "gpuclass.cozystack.io/devices",
+        "l40s-24q.gpuclass.cozystack.io/devices",
+        "h100.gpuclass.cozystack.io/devices",
+    }
+    assert acme["keys"][0]["carvedOut"] == 4 * 20  # the four bounded sub-tenants

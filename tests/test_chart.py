@@ -218,7 +218,7 @@ def test_license_controller_shape(default_render: list[dict[str, Any]]) -> None:
     ]
 
 
-def test_budget_report_controller_decorates_the_releases_admission_cluster_role(
+def test_budget_report_controller_decorates_the_releases_cluster_role(
     default_render: list[dict[str, Any]],
 ) -> None:
     """Its target is cluster-scoped (the ConfigMaps live in tenant namespaces), owned by the
@@ -235,14 +235,15 @@ def test_budget_report_controller_decorates_the_releases_admission_cluster_role(
         for r in by_kind(default_render, "ClusterRole")
         if resource["labelSelector"]["matchLabels"].items() <= r["metadata"]["labels"].items()
     ]
-    assert [t["metadata"]["name"] for t in targets] == ["gpu-gpuclass-hooks-admission"]
+    assert [t["metadata"]["name"] for t in targets] == ["gpu-gpuclass-hooks"]
     assert spec["attachments"] == [
         {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}
     ]
-    off = render("admission.enabled=false")
-    assert [d["metadata"]["name"] for d in by_kind(off, "DecoratorController")] == [
-        "gpuclass-license"
-    ]
+    # without admission too: what is reserved is worth reading where nothing enforces it
+    plain = render(*PLAIN, api_versions=())
+    assert "gpuclass-budget-report" in {
+        d["metadata"]["name"] for d in by_kind(plain, "DecoratorController")
+    }
 
 
 def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:

@@ -1,6 +1,6 @@
 """DecoratorController `gpuclass-budget-report`: every GPU budget pool's use, for people to read.
 
-Its target is one cluster-scoped object of the release (the admission ClusterRole, selected by a
+Its target is one cluster-scoped object of the release (the hooks' ClusterRole, selected by a
 label), so that its attachments may live in any namespace and go with the release: a ConfigMap
 `gpu-budget` in the namespace of each bounded tenant with a GPU budget, holding its own pool's
 figures (`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that

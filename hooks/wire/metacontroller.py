@@ -323,7 +323,7 @@ _TARGET = msgspec.json.Decoder(_Target)
 
 
 def check_report_target(raw: msgspec.Raw, field: str) -> str:
-    """The budget report's target (the release's admission ClusterRole): its name, or BadRequest
+    """The budget report's target (the release's ClusterRole): its name, or BadRequest
     for anything else."""
     if is_absent(raw):
         raise BadRequest(f"request has no {field}")

@@ -34,7 +34,9 @@ class KeyUse:
 
 class Pools:
     """The pools of bounded tenants (pool roots, members, carve-outs, budgets) over the tenants
-    and apps a review read."""
+    and apps a review read, or over a whole cluster's (the budget report): each namespace's
+    root, each pool's members and carve-outs are found once, so the arithmetic of every pool
+    together is linear in the apps."""
 
     def __init__(self, tenants: Iterable[Tenant], apps: Iterable[App] = ()) -> None:
         tenants = tuple(tenants)  # read twice below: a generator would leave `unplaced` empty
@@ -42,9 +44,14 @@ class Pools:
         self.unplaced = tuple(t for t in tenants if t.owned_namespace is None)
         self.bounded = bounded_owners(self.tenants)
         self.apps = tuple(apps)
+        self._roots: dict[str | None, str | None] = {}
+        self._members: dict[str | None, list[App]] | None = None
+        self._carving: dict[str | None, dict[str, Tenant]] | None = None
 
     def root(self, namespace: str | None) -> str | None:
-        return pool_root(self.bounded, namespace)
+        if namespace not in self._roots:
+            self._roots[namespace] = pool_root(self.bounded, namespace)
+        return self._roots[namespace]
 
     def may_apply(self, namespace: str) -> bool:
         """Whether a budget pool applies to the namespace, or could (an unplaced tenant might own
@@ -59,18 +66,23 @@ class Pools:
         """Carve-outs, by the namespace each owns: the bounded tenants that carve their whole
         declaration out of this pool, wherever inside it they are declared. The root tenant owns
         `tenant-root` and has no parent: it is never a sub-tenant of itself."""
-        return {
-            namespace: tenant
-            for namespace, tenant in self.bounded.items()
-            if self.root(parent_namespace(namespace)) == root
-        }
+        if self._carving is None:
+            self._carving = {}
+            for namespace, tenant in self.bounded.items():
+                parent_root = self.root(parent_namespace(namespace))
+                self._carving.setdefault(parent_root, {})[namespace] = tenant
+        return dict(self._carving.get(root, {}))
 
     def carved_out(self, root: str, key: str) -> int:
         return sum(tenant.units(key) for tenant in self.carving(root).values())
 
     def members(self, root: str) -> list[App]:
         """Members: the apps of every namespace whose pool root is this one."""
-        return [app for app in self.apps if self.root(app.namespace) == root]
+        if self._members is None:
+            self._members = {}
+            for app in self.apps:
+                self._members.setdefault(self.root(app.namespace), []).append(app)
+        return list(self._members.get(root, []))
 
     def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
         return sum(reservation(app, classes).get(key) for app in self.members(root))

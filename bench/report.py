@@ -1,0 +1,249 @@
+"""Benchmark: the budget report's sync at scale, on a generated tenancy.
+
+    python -m bench.report                      # 1,000 tenants x 50 apps
+    python -m bench.report --apps 5         # 1,000 tenants x 5 apps
+
+The tenancy: 100 top-level tenants under tenant-root, each bounded on the total and two class
+keys, with nine sub-tenants each (every other one bounded too); `apps` apps in every tenant
+namespace (VMs with 0 to 2 devices, worker pools of 1 to 3 replicas, VMs without devices). Each
+release is shaped as Flux stores a Cozystack app (labels, chart spec, values, status with its
+conditions and history), so the request is the size Metacontroller would send. It prints the
+request's size, the sync in process (decode, rules, encode; median of three), and the HTTP round
+trip against `gpuclass-hooks serve` on loopback with the serving worker's peak memory (the
+worker and the process it computes the call in). Figures go in docs/scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+from bench.run import post, serve
+from hooks.controllers import budget_report
+from hooks.wire.metacontroller import decode_report_sync, encode
+
+MB = 1024 * 1024
+TOP_LEVEL = 100
+SUB_TENANTS = 9
+CLASSES = {
+    "l40s-24q": "nvidia.com/NVIDIA_L40S-24Q",
+    "h100": "nvidia.com/GH100_H100_PCIE",
+    "a10-12q": "nvidia.com/NVIDIA_A10-12Q",
+    "a100": "nvidia.com/GA100_A100_PCIE_80GB",
+}
+PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "kubernetes-nodes"}
+
+
+def release(kind: str, namespace: str, name: str, values: dict[str, Any], n: int) -> dict[str, Any]:
+    prefix = PREFIX[kind]
+    return {
+        "apiVersion": "helm.toolkit.fluxcd.io/v2",
+        "kind": "HelmRelease",
+        "metadata": {
+            "name": f"{prefix}-{name}",
+            "namespace": namespace,
+            "uid": f"{n:08x}-7b3c-4d2e-9f10-1a2b3c4d5e6f",
+            "resourceVersion": str(100000 + n),
+            "generation": 3,
+            "creationTimestamp": "2026-06-01T10:00:00Z",
+            "finalizers": ["finalizers.fluxcd.io"],
+            "labels": {
+                "apps.cozystack.io/application.group": "apps.cozystack.io",
+                "apps.cozystack.io/application.kind": kind,
+                "apps.cozystack.io/application.name": name,
+                "internal.cozystack.io/tenantmodule": "true",
+                "sharding.fluxcd.io/key": "tenants",
+            },
+            "annotations": {"reconcile.fluxcd.io/requestedAt": "2026-11-30T08:00:00Z"},
+        },
+        "spec": {
+            "chart": {
+                "spec": {
+                    "chart": prefix,
+                    "reconcileStrategy": "Revision",
+                    "sourceRef": {
+                        "kind": "HelmRepository",
+                        "name": "cozystack-apps",
+                        "namespace": "cozy-public",
+                    },
+                    "version": ">= 0.0.0-0",
+                }
+            },
+            "interval": "5m",
+            "install": {"remediation": {"retries": -1}},
+            "upgrade": {"remediation": {"retries": -1}},
+            "values": values,
+        },
+        "status": {
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "True",
+                    "reason": "UpgradeSucceeded",
+                    "message": "Helm upgrade succeeded for release with chart",
+                    "lastTransitionTime": "2026-11-30T08:00:05Z",
+                    "observedGeneration": 3,
+                }
+                for t in ("Ready", "Released")
+            ],
+            "history": [
+                {
+                    "chartName": prefix,
+                    "chartVersion": "0.14.2",
+                    "configDigest": "sha256:" + "ab" * 32,
+                    "digest": "sha256:" + "cd" * 32,
+                    "firstDeployed": "2026-06-01T10:00:10Z",
+                    "lastDeployed": "2026-11-30T08:00:05Z",
+                    "name": f"{prefix}-{name}",
+                    "namespace": namespace,
+                    "status": "deployed",
+                    "version": 3,
+                }
+            ],
+            "lastAttemptedRevision": "0.14.2",
+            "observedGeneration": 3,
+        },
+    }
+
+
+def tenancy(apps_per_tenant: int, seed: int = 7) -> dict[str, dict[str, Any]]:
+    """The releases of the generated tenancy, keyed as Metacontroller keys a related group."""
+    rng = random.Random(seed)
+    resources = list(CLASSES.values())
+    releases: dict[str, dict[str, Any]] = {}
+    counter = iter(range(10**9))
+
+    def add(kind: str, namespace: str, name: str, values: dict[str, Any]) -> None:
+        body = release(kind, namespace, name, values, next(counter))
+        releases[f"{namespace}/{body['metadata']['name']}"] = body
+
+    def quotas(total: int) -> dict[str, str]:
+        return {
+            "gpuclass.cozystack.io/devices": str(total),
+            "l40s-24q.gpuclass.cozystack.io/devices": str(total // 2),
+            "h100.gpuclass.cozystack.io/devices": str(total // 4),
+            "requests.cpu": "64",
+            "requests.memory": "256Gi",
+        }
+
+    add("Tenant", "tenant-root", "root", {"host": "example.org"})
+    namespaces = []
+    for top in range(TOP_LEVEL):
+        name = f"t{top:03d}"
+        add("Tenant", "tenant-root", name, {"resourceQuotas": quotas(400), "etcd": True})
+        namespaces.append(f"tenant-{name}")
+        for sub in range(SUB_TENANTS):
+            child = f"s{sub}"
+            values = {"resourceQuotas": quotas(20)} if sub % 2 else {"monitoring": False}
+            add("Tenant", f"tenant-{name}", child, values)
+            namespaces.append(f"tenant-{name}-{child}")
+    for namespace in namespaces:
+        for index in range(apps_per_tenant):
+            roll = rng.random()
+            gpus = [{"name": rng.choice(resources)} for _ in range(rng.randint(0, 2))]
+            common = {
+                "resources": {"cpu": "4", "memory": "16Gi"},
+                "systemDisk": {"image": "ubuntu", "storage": "50Gi", "storageClass": "replicated"},
+                "sshKeys": [
+                    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK0wmN/Cr3JXqmLW7u+g9pTh+wyqDHpSQ"
+                ],
+            }
+            if roll < 0.2:
+                add(
+                    "KubernetesNodes",
+                    namespace,
+                    f"pool{index}",
+                    {**common, "gpus": gpus[:1], "maxReplicas": rng.randint(1, 3)},
+                )
+            elif roll < 0.8:
+                add(
+                    "VMInstance", namespace, f"vm{index}", {**common, "running": True, "gpus": gpus}
+                )
+            else:
+                add("VMInstance", namespace, f"vm{index}", {**common, "running": False})
+    return releases
+
+
+def request_body(apps_per_tenant: int) -> bytes:
+    classes = {
+        name: {
+            "apiVersion": "cozystack.io/v1alpha1",
+            "kind": "GPUClass",
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{name}",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            },
+            "spec": {"resourceName": resource},
+        }
+        for name, resource in CLASSES.items()
+    }
+    body = {
+        "controller": {
+            "kind": "DecoratorController",
+            "metadata": {"name": "gpuclass-budget-report"},
+        },
+        "object": {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "gpuclass-hooks"},
+        },
+        "attachments": {"ConfigMap.v1": {}},
+        "related": {
+            "HelmRelease.helm.toolkit.fluxcd.io/v2": tenancy(apps_per_tenant),
+            "GPUClass.cozystack.io/v1alpha1": classes,
+            "ConfigMap.v1": {},
+        },
+        "finalizing": False,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def in_process(body: bytes) -> bytes:
+    return encode(budget_report.sync(decode_report_sync(body)).response)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--apps", type=int, default=50, help="apps per tenant namespace")
+    args = parser.parse_args(argv)
+    tenants = TOP_LEVEL * (1 + SUB_TENANTS)
+    started = time.perf_counter()
+    body = request_body(args.apps)
+    print(
+        f"{tenants} tenants x {args.apps} apps: {tenants * (1 + args.apps)} releases, "
+        f"request {len(body) / MB:.1f} MB (generated in {time.perf_counter() - started:.1f} s)"
+    )
+    times = []
+    answer = b""
+    for _ in range(3):
+        started = time.perf_counter()
+        answer = in_process(body)
+        times.append(time.perf_counter() - started)
+    reports = json.loads(answer)["attachments"]
+    print(
+        f"in process: {statistics.median(times):.2f} s (median of 3), answer "
+        f"{len(answer) / MB:.1f} MB, {len(reports)} ConfigMaps"
+    )
+    with serve(
+        "http://127.0.0.1:9", threads=8, settings={"GPUCLASS_MEMORY_BUDGET_BYTES": "0"}
+    ) as server:
+        idle = server.memory_mb()
+        with server.peak_memory() as peak:
+            started = time.perf_counter()
+            served = post(f"{server.url}/budget-report/sync", body)
+            took = time.perf_counter() - started
+        assert served == answer, "the served answer differs from the one computed in process"
+    print(
+        f"served (gunicorn, computed apart): {took:.2f} s round trip, peak {peak.mb:.0f} MB "
+        f"(idle {idle:.0f} MB)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
