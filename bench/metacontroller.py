@@ -1,16 +1,18 @@
-"""Metacontroller's memory with the chart's two controllers, on generated clusters.
+"""Metacontroller's memory with the chart's three controllers, on generated clusters.
 
     python -m bench.metacontroller --sizes S,M       # make bench-metacontroller (SIZES=S,M,L)
 
 Metacontroller's informers cache every object of every kind a controller relates to, cluster
 wide: the status controller's Nodes and Pods, the license controller's Namespaces and Secrets,
-and both parents' GPUClasses. For each size of bench/cluster.py it starts the tests' control plane
-(a real kube-apiserver on loopback), stores the size's Nodes and Pods (spec and status, as the
-benchmark generates them), Secrets in tenant namespaces (a share of a cluster's Secrets: see
-SECRETS), the chart's controllers pointed at `gpuclass-hooks serve` on loopback, then runs
-Metacontroller v4.17.2 (built by `make tools` into the tools cache) until both controllers have
-synced every class, and reports its resident memory then (VmRSS), its peak (VmHWM) and its Go
-heap in use. BENCH_HEAP_PROFILE=<file> also saves the heap profile (`go tool pprof -top <file>`).
+the budget report's HelmReleases and ConfigMaps, and the GPUClasses. For each size of
+bench/cluster.py it starts the tests' control plane (a real kube-apiserver on loopback), stores
+the size's Nodes and Pods (spec and status, as the benchmark generates them), Secrets in tenant
+namespaces (a share of a cluster's Secrets: see SECRETS), the tenancy of bench/report.py (see
+RELEASES: Tenant, VMInstance and KubernetesNodes releases as Flux stores them), the chart's
+controllers pointed at `gpuclass-hooks serve` on loopback, then runs Metacontroller v4.17.2
+(built by `make tools` into the tools cache) until every class has its status and every GPU
+budget pool its report, and reports its resident memory then (VmRSS), its peak (VmHWM) and its
+Go heap in use. BENCH_HEAP_PROFILE=<file> also saves the heap profile (`go tool pprof -top <file>`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import requests
 import yaml
 
+from bench import report
 from bench.cluster import SIZES, generate
 from tests.chart import PLAIN, render
 from tests.controlplane import ControlPlane, binary, control_plane, manifests
@@ -41,7 +44,9 @@ ROOT = Path(__file__).parent.parent
 SECRETS = {"S": 500, "M": 5_000, "L": 20_000}
 SECRET_BYTES = 4096
 TENANT_NAMESPACES = 100
-HEADER = "size  nodes   pods  secrets  stored MB  rss MiB  peak MiB  heap MiB  synced s"
+# The tenancy per size: top-level tenants (each with nine sub-tenants) and apps per tenant.
+RELEASES = {"S": (10, 10), "M": (100, 10), "L": (100, 50)}
+HEADER = "size  nodes   pods  secrets  releases  stored MB  rss MiB  peak MiB  heap MiB  synced s"
 
 
 def stored(obj: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +82,7 @@ def create_with_status(plane: ControlPlane, collection: str, obj: dict[str, Any]
     return len(json.dumps(obj))
 
 
-def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int]:
+def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int, int]:
     cluster = generate(size)
     for body in cluster.namespaces.values():
         plane.apply(stored(json.loads(body)))  # tenants, half of them entitled to copies
@@ -113,21 +118,34 @@ def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int]:
             return create_with_status(plane, f"/api/v1/namespaces/{namespace}/secrets", secret)
 
         total += sum(pool.map(create_secret, range(SECRETS[size])))
+        top_level, apps = RELEASES[size]
+        releases = list(report.tenancy(apps, top_level).values())
+        for namespace in sorted({r["metadata"]["namespace"] for r in releases}):
+            plane.namespace(namespace)
+
+        def create_release(release: dict[str, Any]) -> int:
+            namespace = release["metadata"]["namespace"]
+            collection = f"/apis/helm.toolkit.fluxcd.io/v2/namespaces/{namespace}/helmreleases"
+            return create_with_status(plane, collection, release)
+
+        total += sum(pool.map(create_release, releases))
     for body in cluster.classes.values():
         plane.apply(stored(json.loads(body)))
-    return len(nodes), len(pods), SECRETS[size], total
+    return len(nodes), len(pods), SECRETS[size], len(releases), total
 
 
 def controllers(hooks_url: str) -> list[dict[str, Any]]:
-    """The chart's controllers, their hooks pointed at the service on loopback."""
+    """The chart's controllers, their hooks pointed at the service on loopback, and the
+    ClusterRole the budget report decorates."""
     documents = render(*PLAIN, "gpuOperator.variant=vgpu", api_versions=())
     found = [d for d in documents if d["kind"] in ("CompositeController", "DecoratorController")]
+    targets = [d for d in documents if d["kind"] == "ClusterRole"]
     for controller in found:
         for hook in controller["spec"]["hooks"].values():
             url = hook["webhook"]["url"]
             path = "/" + url.split("://", 1)[1].split("/", 1)[1]
             hook["webhook"]["url"] = hooks_url + path
-    return found
+    return [*targets, *found]
 
 
 def memory(pid: int) -> tuple[float, float]:
@@ -147,24 +165,30 @@ def go_heap_mib(port: int) -> float:
     return float("nan")
 
 
-def synced(plane: ControlPlane, classes: Sequence[str]) -> bool:
-    """Every class has a status written by the status controller."""
+def synced(plane: ControlPlane, classes: Sequence[str], pools: int) -> bool:
+    """Every class has a status written by the status controller, and every GPU budget pool
+    its report."""
     for name in classes:
         got = plane.request("GET", f"/apis/cozystack.io/v1alpha1/gpuclasses/{name}").json()
         if not got.get("status", {}).get("observedGeneration"):
             return False
-    return True
+    selector = {"labelSelector": "gpuclass.cozystack.io/budget-report=true"}
+    reports = plane.request("GET", "/api/v1/configmaps", params=selector).json()
+    return len(reports.get("items", [])) == pools
 
 
 def measure(size: str, workdir: Path) -> str:
     metacontroller = binary("metacontroller")  # the tools cache, on PATH (make tools)
     with control_plane(workdir) as plane:
-        plane.apply(*manifests("metacontroller-crds.yaml"))
+        plane.apply(*manifests("metacontroller-crds.yaml"), *manifests("cozystack-crds.yaml"))
         plane.apply(
             yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
         )
         plane.wait_established("gpuclasses.cozystack.io")
-        nodes, pods, secrets, stored_bytes = populate(plane, size)
+        plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
+        nodes, pods, secrets, releases, stored_bytes = populate(plane, size)
+        top_level, _ = RELEASES[size]
+        pools = top_level * (1 + report.SUB_TENANTS // 2)
         with live_server({}, workdir) as hooks:
             plane.apply(*controllers(hooks.url))
             env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
@@ -185,7 +209,7 @@ def measure(size: str, workdir: Path) -> str:
             )
             try:
                 classes = list(generate(size).classes)
-                while not synced(plane, classes):
+                while not synced(plane, classes, pools):
                     if process.poll() is not None or time.monotonic() - started > 600:
                         raise RuntimeError((workdir / "metacontroller.log").read_text()[-3000:])
                     time.sleep(1)
@@ -201,7 +225,7 @@ def measure(size: str, workdir: Path) -> str:
                 process.terminate()
                 process.wait(timeout=30)
     return (
-        f"{size:<4}{nodes:>7}{pods:>7}{secrets:>9}{stored_bytes / 1e6:>11.0f}"
+        f"{size:<4}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}{stored_bytes / 1e6:>11.0f}"
         f"{rss:>9.0f}{peak:>10.0f}{heap:>10.0f}{took:>10.0f}"
     )
 

@@ -110,8 +110,11 @@ def release(kind: str, namespace: str, name: str, values: dict[str, Any], n: int
     }
 
 
-def tenancy(apps_per_tenant: int, seed: int = 7) -> dict[str, dict[str, Any]]:
-    """The releases of the generated tenancy, keyed as Metacontroller keys a related group."""
+def tenancy(
+    apps_per_tenant: int, top_level: int = TOP_LEVEL, seed: int = 7
+) -> dict[str, dict[str, Any]]:
+    """The releases of the generated tenancy (`top_level` tenants with their sub-tenants), keyed
+    as Metacontroller keys a related group."""
     rng = random.Random(seed)
     resources = list(CLASSES.values())
     releases: dict[str, dict[str, Any]] = {}
@@ -132,7 +135,7 @@ def tenancy(apps_per_tenant: int, seed: int = 7) -> dict[str, dict[str, Any]]:
 
     add("Tenant", "tenant-root", "root", {"host": "example.org"})
     namespaces = []
-    for top in range(TOP_LEVEL):
+    for top in range(top_level):
         name = f"t{top:03d}"
         add("Tenant", "tenant-root", name, {"resourceQuotas": quotas(400), "etcd": True})
         namespaces.append(f"tenant-{name}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hooks.controllers.budget_report import REPORT_LABEL
 from hooks.rules.budget.keys import TOTAL_KEY
 from tests.builders import TOKEN_KEY, helmrelease
 from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
@@ -108,6 +109,14 @@ def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
         'admission webhook "gpu-budget.gpuclass.cozystack.io" denied the request: '
         f"{TOTAL_KEY}: this VMInstance needs 1, the pool of tenant a (tenant-a) has 0 left"
     ) in denied.stderr
+    # The same figures, for the tenant to read: the budget report Metacontroller writes.
+    report = wait_for(
+        "the pool's budget report",
+        lambda: (cluster.get("configmap", "-n", "tenant-a", "gpu-budget") or {}).get("data"),
+    )
+    assert json.loads(report["budget.json"])["keys"] == [
+        {"key": TOTAL_KEY, "budget": 1, "carvedOut": 0, "reserved": 1, "left": 0}
+    ]
 
 
 def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
@@ -128,6 +137,11 @@ def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     assert cluster.get("gpuclass", "l40s") is not None
     labelled = cluster.get(RELEASE_KINDS, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")
     assert labelled["items"] == []
+    # The budget reports belong to the release's ClusterRole: the garbage collector takes them.
+    wait_for(
+        "the budget reports gone with the release",
+        lambda: cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"] == [],
+    )
     # What step 7 says stays: cert-manager keeps a Certificate's Secret when the Certificate goes.
     left = {
         s["metadata"]["name"]: s["type"] for s in cluster.get("secrets", "-n", NAMESPACE)["items"]
