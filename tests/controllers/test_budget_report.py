@@ -5,15 +5,22 @@ written over a tenant's own, kept while the request cannot be trusted; and its m
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 
 from hooks.app import create_app
 from hooks.metrics import Metrics
 from hooks.settings import Settings
-from tests.builders import example_of
+from tests.builders import example_of, helmrelease
+from tests.profiles import examples
+from tests.rules.test_budget_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body
+from tests.rules.test_budget_usage import carved, grown_then_lowered
+from tests.test_plan import run_plan
 
 SYNC = "/budget-report/sync"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
@@ -249,3 +256,78 @@ def test_the_report_series_go_three_status_resyncs_after_the_last_report(
     assert series(metrics, "cozystack_gpu_budget_units")
     now[0] += 2.0
     assert series(metrics, "cozystack_gpu_budget_units") == {}
+
+
+# --- against the invariant model ----------------------------------------------------------------
+
+CLASS_GROUP = "GPUClass.cozystack.io/v1alpha1"
+
+
+def request_of(cluster: Cluster) -> dict[str, Any]:
+    """The report's sync request for a model cluster, as Metacontroller would send it."""
+    releases = [
+        helmrelease("Tenant", r, n, {"resourceQuotas": {k: str(v) for k, v in q.items()}})
+        if q
+        else helmrelease("Tenant", r, n, {})
+        for (r, n), q in cluster.tenants.items()
+    ]
+    releases += [
+        helmrelease(kind, namespace, name, app_body(gpus, most))
+        for (namespace, kind, name), (gpus, most) in cluster.apps.items()
+    ]
+    classes = {
+        c.name: {
+            "apiVersion": "cozystack.io/v1alpha1",
+            "kind": "GPUClass",
+            "metadata": {"name": c.name, "creationTimestamp": c.created},
+            "spec": {"resourceName": c.resource_name},
+        }
+        for c in CLASSES
+    }
+    body = example()
+    keyed = {f"{r['metadata']['namespace']}/{r['metadata']['name']}": r for r in releases}
+    body["related"] = {HELMRELEASES: keyed, CLASS_GROUP: classes, CONFIGMAPS: {}}
+    return body
+
+
+def model_figures(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
+    """Each GPU budget pool's keys as budget.json writes them, from the model alone."""
+    figures: dict[str, list[dict[str, Any]]] = {}
+    for namespace, declared in cluster.declarations().items():
+        for key in sorted(k for k in BUDGET_KEYS if k in declared):
+            carve = carved(cluster, namespace, key)
+            reserved = cluster.held(namespace, key) - carve
+            left = declared[key] - carve - reserved
+            use = {"key": key, "budget": declared[key], "carvedOut": carve, "reserved": reserved}
+            figures.setdefault(namespace, []).append({**use, "left": left})
+    return figures
+
+
+@hypothesis_settings(
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+@given(cluster=grown_then_lowered())
+def test_the_reports_the_metrics_and_plan_give_the_models_figures(
+    settings: Settings, tmp_path: Path, cluster: Cluster
+) -> None:
+    """On trees grown by admitted operations and pushed over budget: the ConfigMaps written,
+    the series exported and what plan prints on the same releases."""
+    metrics = Metrics(180.0, clock=lambda: 1000.0)
+    body = request_of(cluster)
+    written = reports(create_app(settings, metrics=metrics).test_client(), body)
+    model = model_figures(cluster)
+    assert {namespace: document(r)["keys"] for namespace, r in written.items()} == model
+    exported = series(metrics, "cozystack_gpu_budget_left_units")
+    assert sorted(exported.values()) == sorted(k["left"] for keys in model.values() for k in keys)
+    dump = tmp_path / f"releases-{len(list(tmp_path.iterdir()))}.json"
+    items = [*body["related"][HELMRELEASES].values(), *body["related"][CLASS_GROUP].values()]
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    planned = run_plan(str(dump), "-o", "json")
+    assert planned.returncode == 0, planned.stderr
+    assert {d["namespace"]: d["keys"] for d in json.loads(planned.stdout)["budgets"]} == model
