@@ -172,6 +172,12 @@ def tenancy(
 
 
 def request_body(apps_per_tenant: int) -> bytes:
+    releases = tenancy(apps_per_tenant)
+    namespaces = {
+        name: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        # every tenant namespace holds apps: the release namespaces are all of them
+        for name in sorted({r["metadata"]["namespace"] for r in releases.values()})
+    }
     classes = {
         name: {
             "apiVersion": "cozystack.io/v1alpha1",
@@ -197,9 +203,10 @@ def request_body(apps_per_tenant: int) -> bytes:
         },
         "attachments": {"ConfigMap.v1": {}},
         "related": {
-            "HelmRelease.helm.toolkit.fluxcd.io/v2": tenancy(apps_per_tenant),
+            "HelmRelease.helm.toolkit.fluxcd.io/v2": releases,
             "GPUClass.cozystack.io/v1alpha1": classes,
             "ConfigMap.v1": {},
+            "Namespace.v1": namespaces,
         },
         "finalizing": False,
     }

@@ -5,8 +5,9 @@ label), so that its attachments may live in any namespace and go with the releas
 `gpu-budget` in the namespace of each bounded tenant with a GPU budget, holding its own pool's
 figures (`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that
 reserve. Its related objects are the Tenant, VMInstance and KubernetesNodes releases, the
-GPUClasses, and every ConfigMap named `gpu-budget`: one that is not an attachment is a tenant's
-own, and is never written over. The webhook never reads the report.
+GPUClasses, every ConfigMap named `gpu-budget` (one that is not an attachment is a tenant's own,
+and is never written over) and the Namespaces (a report goes only where its namespace exists and
+is not terminating). The webhook never reads the report.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hooks.rules.budget.tenancy import (
 from hooks.rules.budget.usage import PoolUse, budget_usage
 from hooks.rules.classes import class_identity
 from hooks.rules.invalid import InvalidObject
+from hooks.rules.license import is_terminating
 from hooks.wire.cozystack import KIND_LABEL
 from hooks.wire.kube import ConfigMap
 from hooks.wire.metacontroller import (
@@ -90,6 +92,9 @@ def customize() -> CustomizeResponse:
             ),
             RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses"),
             RelatedRule(api_version="v1", resource="configmaps", names=[REPORT_NAME]),
+            # where a report can be written: a ConfigMap in a namespace not yet made, or
+            # terminating, would fail the whole sync
+            RelatedRule(api_version="v1", resource="namespaces"),
         ]
     )
 
@@ -165,7 +170,12 @@ def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
 
 def sync(request: ReportSync) -> ReportOutcome:
     attached = list(request.attached.objects) if request.attached else []
-    if request.releases is None or request.classes is None or request.same_named is None:
+    if (
+        request.releases is None
+        or request.classes is None
+        or request.same_named is None
+        or request.namespaces is None
+    ):
         # Selected by other rules than today's: keep the reports until customize is asked again.
         response = DecoratorSyncResponse(
             attachments=_kept(attached), status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
@@ -191,7 +201,8 @@ def sync(request: ReportSync) -> ReportOutcome:
         for c in request.same_named.objects
         if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
     }
-    reports = [_report(pool) for pool in pools if pool.namespace not in taken]
+    writable = {n.metadata.name for n in request.namespaces.objects if not is_terminating(n)}
+    reports = [_report(p) for p in pools if p.namespace not in taken and p.namespace in writable]
     response = DecoratorSyncResponse(attachments=reports, status=None)
     return ReportOutcome(
         response,
@@ -202,5 +213,6 @@ def sync(request: ReportSync) -> ReportOutcome:
             "over_budget": sum(1 for p in pools if p.over_budget),
             "unreadable": sum(1 for p in pools if p.unreadable is not None),
             "conflicts": len([p for p in pools if p.namespace in taken]),
+            "unwritable": len([p for p in pools if p.namespace not in writable]),
         },
     )

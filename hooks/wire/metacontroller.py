@@ -286,6 +286,7 @@ class _ReportGroups(msgspec.Struct):
     releases: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=HELMRELEASES)
     classes: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=GPUCLASSES)
     config_maps: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=CONFIGMAPS)
+    namespaces: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=NAMESPACES)
 
 
 class _ReportSync(msgspec.Struct):
@@ -304,6 +305,7 @@ class ReportSync:
     releases: list[msgspec.Raw] | None
     classes: DecodedGroup | None
     same_named: DecodedGroup | None
+    namespaces: DecodedGroup | None
     attached: DecodedGroup | None
 
 
@@ -355,5 +357,6 @@ def decode_report_sync(body: bytes) -> ReportSync:
         list(related.releases.values()) if related.releases is not None else None,
         _decoded_each(related.classes, GPUClass),
         _decoded_each(related.config_maps, ConfigMap),
+        _decoded_each(related.namespaces, Namespace),
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
     )

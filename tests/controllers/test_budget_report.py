@@ -18,13 +18,14 @@ from hooks.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import example_of, helmrelease
 from tests.profiles import examples
-from tests.rules.test_budget_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body
+from tests.rules.test_budget_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body, own_namespace
 from tests.rules.test_budget_usage import carved, grown_then_lowered
 from tests.test_plan import run_plan
 
 SYNC = "/budget-report/sync"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
 CONFIGMAPS = "ConfigMap.v1"
+NAMESPACES = "Namespace.v1"
 TOTAL = "gpuclass.cozystack.io/devices"
 L40S_KEY = "l40s-24q.gpuclass.cozystack.io/devices"
 
@@ -140,6 +141,20 @@ def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
     assert document(reports(client, body)["tenant-acme"])["keys"][0]["reserved"] == 3
 
 
+@pytest.mark.parametrize("state", ["missing", "terminating"])
+def test_a_report_goes_only_where_its_namespace_exists_and_is_not_terminating(
+    client: FlaskClient, state: str
+) -> None:
+    """A tenant's namespace is made a moment after its release, and goes before it: a ConfigMap
+    there would fail the whole sync, every other pool's report with it."""
+    body = example()
+    if state == "missing":
+        del body["related"][NAMESPACES]["tenant-acme-lab"]
+    else:
+        body["related"][NAMESPACES]["tenant-acme-lab"]["status"] = {"phase": "Terminating"}
+    assert sorted(reports(client, body)) == ["tenant-acme", "tenant-legacy"]
+
+
 def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> None:
     body = example()
     releases = body["related"][HELMRELEASES]
@@ -147,8 +162,9 @@ def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> Non
     assert "tenant-acme-lab" not in reports(client, body)
 
 
+@pytest.mark.parametrize("state", ["releases", "namespaces"])
 def test_while_the_related_groups_cannot_be_trusted_the_reports_are_kept_as_they_are(
-    client: FlaskClient,
+    client: FlaskClient, state: str
 ) -> None:
     body = example()
     kept = {
@@ -158,7 +174,7 @@ def test_while_the_related_groups_cannot_be_trusted_the_reports_are_kept_as_they
         "data": {"budget.json": "{}", "budget.txt": "as it was"},
     }
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
-    del body["related"][HELMRELEASES]
+    del body["related"][HELMRELEASES if state == "releases" else NAMESPACES]
     response = client.post(SYNC, json=body).get_json()
     assert response["resyncAfterSeconds"] == 10.0
     assert response["attachments"] == [
@@ -286,7 +302,16 @@ def request_of(cluster: Cluster) -> dict[str, Any]:
     }
     body = example()
     keyed = {f"{r['metadata']['namespace']}/{r['metadata']['name']}": r for r in releases}
-    body["related"] = {HELMRELEASES: keyed, CLASS_GROUP: classes, CONFIGMAPS: {}}
+    owned = sorted({own_namespace(r, n) for r, n in cluster.tenants})
+    namespaces = {
+        n: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in owned
+    }
+    body["related"] = {
+        HELMRELEASES: keyed,
+        CLASS_GROUP: classes,
+        CONFIGMAPS: {},
+        NAMESPACES: namespaces,
+    }
     return body
 
 
