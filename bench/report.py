@@ -25,6 +25,7 @@ from typing import Any
 from bench.run import post, serve
 from hooks.controllers import budget_report
 from hooks.wire.metacontroller import decode_report_sync, encode
+from tests.builders import helmrelease
 
 MB = 1024 * 1024
 TOP_LEVEL = 100
@@ -35,49 +36,40 @@ CLASSES = {
     "a10-12q": "nvidia.com/NVIDIA_A10-12Q",
     "a100": "nvidia.com/GA100_A100_PCIE_80GB",
 }
-PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "kubernetes-nodes"}
 
 
 def release(kind: str, namespace: str, name: str, values: dict[str, Any], n: int) -> dict[str, Any]:
-    prefix = PREFIX[kind]
+    """The tests' HelmRelease (tests.builders), with what Flux adds to a stored one."""
+    body = helmrelease(kind, namespace, name, values)
+    prefix = body["spec"]["chart"]["spec"]["chart"]
+    metadata = body["metadata"]
+    metadata.update(
+        uid=f"{n:08x}-7b3c-4d2e-9f10-1a2b3c4d5e6f",
+        resourceVersion=str(100000 + n),
+        generation=3,
+        creationTimestamp="2026-06-01T10:00:00Z",
+        finalizers=["finalizers.fluxcd.io"],
+        annotations={"reconcile.fluxcd.io/requestedAt": "2026-11-30T08:00:00Z"},
+    )
+    metadata["labels"].update(
+        {
+            "apps.cozystack.io/application.group": "apps.cozystack.io",
+            "internal.cozystack.io/tenantmodule": "true",
+            "sharding.fluxcd.io/key": "tenants",
+        }
+    )
+    body["spec"]["chart"]["spec"].update(
+        reconcileStrategy="Revision",
+        sourceRef={"kind": "HelmRepository", "name": "cozystack-apps", "namespace": "cozy-public"},
+        version=">= 0.0.0-0",
+    )
+    body["spec"].update(
+        interval="5m",
+        install={"remediation": {"retries": -1}},
+        upgrade={"remediation": {"retries": -1}},
+    )
     return {
-        "apiVersion": "helm.toolkit.fluxcd.io/v2",
-        "kind": "HelmRelease",
-        "metadata": {
-            "name": f"{prefix}-{name}",
-            "namespace": namespace,
-            "uid": f"{n:08x}-7b3c-4d2e-9f10-1a2b3c4d5e6f",
-            "resourceVersion": str(100000 + n),
-            "generation": 3,
-            "creationTimestamp": "2026-06-01T10:00:00Z",
-            "finalizers": ["finalizers.fluxcd.io"],
-            "labels": {
-                "apps.cozystack.io/application.group": "apps.cozystack.io",
-                "apps.cozystack.io/application.kind": kind,
-                "apps.cozystack.io/application.name": name,
-                "internal.cozystack.io/tenantmodule": "true",
-                "sharding.fluxcd.io/key": "tenants",
-            },
-            "annotations": {"reconcile.fluxcd.io/requestedAt": "2026-11-30T08:00:00Z"},
-        },
-        "spec": {
-            "chart": {
-                "spec": {
-                    "chart": prefix,
-                    "reconcileStrategy": "Revision",
-                    "sourceRef": {
-                        "kind": "HelmRepository",
-                        "name": "cozystack-apps",
-                        "namespace": "cozy-public",
-                    },
-                    "version": ">= 0.0.0-0",
-                }
-            },
-            "interval": "5m",
-            "install": {"remediation": {"retries": -1}},
-            "upgrade": {"remediation": {"retries": -1}},
-            "values": values,
-        },
+        **body,
         "status": {
             "conditions": [
                 {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -124,19 +124,38 @@ def decode_envelope(body: bytes, envelope: type[T]) -> T:
 _GPUCLASS = msgspec.json.Decoder(GPUClass)
 
 
-def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
-    """The parent (or decorator target): it must be a GPUClass with a name."""
+class _Addressed(Protocol):
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def metadata(self) -> Any: ...
+
+
+A = TypeVar("A", bound=_Addressed)
+
+
+def _named_object(
+    raw: msgspec.Raw, field: str, decoder: msgspec.json.Decoder[A], api_version: str, kind: str
+) -> A:
+    """A request's parent or target: an object of that kind with a name, or BadRequest."""
     if is_absent(raw):
         raise BadRequest(f"request has no {field}")
     try:
-        parent = decoded(_GPUCLASS, raw)
+        found = decoded(decoder, raw)
     except Undecodable as error:
         raise BadRequest(f"{field} is not a valid object: {error}") from None
-    if parent.api_version != GPUCLASS_API_VERSION or parent.kind != GPUCLASS_KIND:
-        raise BadRequest(f"{field} is not a {GPUCLASS_API_VERSION} {GPUCLASS_KIND}")
-    if not parent.metadata.name:
+    if (found.api_version, found.kind) != (api_version, kind):
+        raise BadRequest(f"{field} is not a {api_version} {kind}")
+    if not found.metadata.name:
         raise BadRequest(f"{field} has no metadata.name")
-    return parent
+    return found
+
+
+def decode_gpuclass(raw: msgspec.Raw, field: str) -> GPUClass:
+    """The parent (or decorator target): it must be a GPUClass with a name."""
+    return _named_object(raw, field, _GPUCLASS, GPUCLASS_API_VERSION, GPUCLASS_KIND)
 
 
 class DecodedGroup(msgspec.Struct, frozen=True):
@@ -269,8 +288,11 @@ def decode_group(
     """Decode each object of a group on its own, so one bad object does not sink the request.
     None when the group is absent (Metacontroller sends every requested group, even empty)."""
     group = groups.get(key)
-    if group is None:
-        return None
+    return None if group is None else decode_objects(group, kind)
+
+
+def decode_objects(group: Mapping[str, msgspec.Raw], kind: type[T]) -> DecodedGroup:
+    """Each object of one group on its own: those that decode, and the keys of the others."""
     decoder = decoder_for(kind)
     objects: list[Any] = []
     invalid: list[str] = []
@@ -327,21 +349,13 @@ _TARGET = msgspec.json.Decoder(_Target)
 def check_report_target(raw: msgspec.Raw, field: str) -> str:
     """The budget report's target (the release's ClusterRole): its name, or BadRequest
     for anything else."""
-    if is_absent(raw):
-        raise BadRequest(f"request has no {field}")
-    try:
-        target = decoded(_TARGET, raw)
-    except Undecodable as error:
-        raise BadRequest(f"{field} is not a valid object: {error}") from None
-    if (target.api_version, target.kind) != (REPORT_TARGET_API_VERSION, REPORT_TARGET_KIND):
-        raise BadRequest(f"{field} is not a {REPORT_TARGET_API_VERSION} {REPORT_TARGET_KIND}")
-    if not target.metadata.name:
-        raise BadRequest(f"{field} has no metadata.name")
-    return target.metadata.name
+    target = _named_object(raw, field, _TARGET, REPORT_TARGET_API_VERSION, REPORT_TARGET_KIND)
+    name: str = target.metadata.name
+    return name
 
 
 def _decoded_each(group: Mapping[str, msgspec.Raw] | None, kind: type) -> DecodedGroup | None:
-    return None if group is None else decode_group({"": group}, "", kind)
+    return None if group is None else decode_objects(group, kind)
 
 
 def decode_report_sync(body: bytes) -> ReportSync:

@@ -58,6 +58,12 @@ def document(report: dict[str, Any]) -> dict[str, Any]:
     return parsed
 
 
+def config_map(namespace: str, data: dict[str, str], **metadata: Any) -> dict[str, Any]:
+    """A ConfigMap gpu-budget as Metacontroller sends one, attached or related."""
+    meta = {"name": "gpu-budget", "namespace": namespace, **metadata}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
 def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClient) -> None:
     found = reports(client, example())
     assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
@@ -112,12 +118,7 @@ def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: Fl
 
 def test_a_tenants_own_configmap_of_that_name_is_never_written_over(client: FlaskClient) -> None:
     body = example()
-    tenants_own = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "gpu-budget", "namespace": "tenant-acme", "uid": "theirs"},
-        "data": {"notes": "mine"},
-    }
+    tenants_own = config_map("tenant-acme", {"notes": "mine"}, uid="theirs")
     body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": tenants_own}
     assert "tenant-acme" not in reports(client, body)
 
@@ -126,16 +127,11 @@ def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
     client: FlaskClient,
 ) -> None:
     body = example()
-    ours = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": "gpu-budget",
-            "namespace": "tenant-acme",
-            "annotations": {"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-report"},
-        },
-        "data": {"budget.json": "{}", "budget.txt": "old"},
-    }
+    ours = config_map(
+        "tenant-acme",
+        {"budget.json": "{}", "budget.txt": "old"},
+        annotations={"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-report"},
+    )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
     body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
     assert document(reports(client, body)["tenant-acme"])["keys"][0]["reserved"] == 3
@@ -167,12 +163,9 @@ def test_while_the_related_groups_cannot_be_trusted_the_reports_are_kept_as_they
     client: FlaskClient, state: str
 ) -> None:
     body = example()
-    kept = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": "gpu-budget", "namespace": "tenant-acme", "resourceVersion": "9"},
-        "data": {"budget.json": "{}", "budget.txt": "as it was"},
-    }
+    kept = config_map(
+        "tenant-acme", {"budget.json": "{}", "budget.txt": "as it was"}, resourceVersion="9"
+    )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
     del body["related"][HELMRELEASES if state == "releases" else NAMESPACES]
     response = client.post(SYNC, json=body).get_json()
