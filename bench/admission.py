@@ -38,7 +38,6 @@ import trustme
 import yaml
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from hooks.app import create_app
 from hooks.controllers.budget import BudgetInputs, review_app
 from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
@@ -46,6 +45,7 @@ from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
+from hooks.serving.app import create_app
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
 from tests.builders import helmrelease

@@ -16,11 +16,11 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports(include=["hooks"]):
-    from hooks.app import create_app
     from hooks.routes import HOOKS
     from hooks.rules.budget.keys import TOTAL_KEY, class_key
     from hooks.rules.budget.tenancy import Tenancy, Tenant
     from hooks.rules.classes import ClassIdentity
+    from hooks.serving.app import create_app
     from hooks.settings import Settings
 
 ROUTES = tuple(hook.path for hook in HOOKS)

@@ -9,24 +9,18 @@ update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
-from hooks.answer import (
-    Answer,
-    BudgetReviewObserved,
-    BudgetUsageObserved,
-    LicenseCopiesObserved,
-    Observation,
-)
 from hooks.controllers import budget, budget_report, license, status
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
-from hooks.controllers.status import StatusOutcome
+from hooks.controllers.status import ClassComputation, StatusOutcome
+from hooks.rules.budget.usage import PoolUse
 from hooks.rules.permitted_devices import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
@@ -40,6 +34,61 @@ from hooks.wire.metacontroller import (
     encode,
 )
 from hooks.wire.problems import BadRequest
+
+
+# --- what a hook's handler gives back, wherever it ran ---------------------------------------
+@dataclass(frozen=True)
+class LicenseCopiesObserved:
+    """A license sync as the metrics see it: the copies it keeps, or None for a class that holds
+    no license (its series goes)."""
+
+    class_name: str
+    copies: int | None
+
+
+@dataclass(frozen=True)
+class BudgetReviewObserved:
+    """A budget review as the metrics see it: allowed, denied by the budget rules, or denied
+    because an input could not be read (the webhook fails closed)."""
+
+    verdict: Literal["allowed", "denied", "failed_closed"]
+
+
+@dataclass(frozen=True)
+class BudgetUsageObserved:
+    """A budget report sync as the metrics see it: every GPU budget pool, the whole set (a pool
+    missing from it is gone)."""
+
+    pools: tuple[PoolUse, ...]
+
+
+Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved | BudgetUsageObserved
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a hook answers: the payload, the fields of its log line, the objects it skipped
+    because they did not decode (named in one warning, with `about` saying where), and for a sync
+    what its metrics record."""
+
+    payload: bytes
+    facts: dict[str, Any]
+    skipped: Sequence[str] = ()
+    about: dict[str, str] = field(default_factory=dict)
+    observation: Observation | None = None
+
+
+class FailedElsewhere(Exception):
+    """An unexpected error where its traceback cannot follow (in another process): its type and
+    last frames, which is all the serving process logs of any unexpected error."""
+
+    def __init__(self, error_type: str, frames: list[str]) -> None:
+        super().__init__(error_type)
+        self.error_type = error_type
+        self.frames = frames
+
+
+# --- the table ---------------------------------------------------------------------------------
 
 # Metacontroller sends the hooks' bearer token; the API server calls admission webhooks over
 # HTTPS only and sends no token, so its routes refuse plain HTTP instead.
@@ -63,7 +112,7 @@ Handler = Callable[[HookInputs, bytes], Answer]
 class Hook:
     """A route, who calls it, and its handler. A forkable hook reads nothing but its body, the
     settings, the clock and the KubeVirt view (never GPU budgets, never the metrics): its large
-    calls are computed in a forked child process (`hooks.forked`)."""
+    calls are computed in a forked child process (`hooks.serving.apart`)."""
 
     path: str
     caller: Caller

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUGS = Path(__file__).with_name("bugs")
 VENV = ROOT / ".venv"
 CAUGHT_BY = "Caught by: "
-PATCHES_APPLY = "tests/test_mutation_report.py::test_every_bug_patch_still_applies_to_the_code"
+PATCHES_APPLY = "tests/repo/test_mutation_report.py::test_every_bug_patch_still_applies_to_the_code"
 
 
 def scratch_copy(into: Path) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -402,7 +401,7 @@ def admission_review(
     }
 
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+from tests import EXAMPLES  # noqa: E402 (re-exported for the test modules)
 
 
 def example_of(route: str) -> bytes:

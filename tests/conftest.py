@@ -10,8 +10,8 @@ import pytest
 
 from hooks.settings import Settings
 from tests import profiles  # noqa: F401 - registers the quick profile before it is loaded
-from tests.apiserver import FakeApiServer, fake_apiserver
 from tests.controlplane import ControlPlane, control_plane
+from tests.fake_apiserver import FakeApiServer, fake_apiserver
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,6 +75,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         signal.signal(signal.SIGALRM, previous)
 
 
+# The slow tiers, by folder: `make unit` leaves them out. A test that starts the real server
+# elsewhere (the chart's `helm test`, Prometheus on the dashboard) says so itself.
+TIERS = {
+    "serving/live": (pytest.mark.live,),
+    "chart": (pytest.mark.tools,),
+    "apiserver": (pytest.mark.tools,),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for the control plane needs the tools, however it is declared; tests/image
     runs only when given an image (`make image-test`), tests/e2e only inside the cluster
@@ -90,6 +99,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if item not in left_out]
     for item in items:
+        folder = item.path.parent.relative_to(here).as_posix()
+        for tier in TIERS.get(folder, ()):
+            item.add_marker(tier)
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)
     if os.environ.get("MUTANT_UNDER_TEST"):

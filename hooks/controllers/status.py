@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import msgspec
 
-from hooks.answer import ClassComputation
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.controllers.licensing import (
     LicenseInputs,
@@ -25,7 +24,7 @@ from hooks.controllers.licensing import (
     license_rules,
     plan_for,
 )
-from hooks.rules.capacity import compute_capacity
+from hooks.rules.capacity import Capacity, compute_capacity
 from hooks.rules.class_status import ClassFacts, class_conditions, settle
 from hooks.rules.classes import class_identity, older_class_with_resource
 from hooks.rules.conditions import invalid_spec_condition
@@ -51,6 +50,23 @@ from hooks.wire.metacontroller import (
 
 KUBEVIRT_RETRY_SECONDS = 10.0
 StatusResult = Literal["ok", "disabled", "invalid_spec", "stale_related", "kubevirt_unreadable"]
+
+
+@dataclass(frozen=True)
+class ClassComputation:
+    """One class's status computation, from the controller to the metrics: every class the sync
+    saw (None when the request did not say, so that deleted classes are forgotten), the capacity
+    (None when the spec could not be read), whether the class exports its inventory (a
+    conflicting class reports zero and does not), and its conditions (none: nothing to record)."""
+
+    class_name: str
+    known_classes: tuple[str, ...] | None = None
+    resource: str | None = None
+    capacity: Capacity | None = None
+    exports_inventory: bool = False
+    free: int = 0
+    max_free_per_node: int = 0
+    conditions: tuple[Condition, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ operator is monitored without a word, and one without it still installs.
 {{/* The pod's grace on termination: the drain delay (GPUCLASS_SHUTDOWN_DELAY_SECONDS, whose
 default the chart keeps), the head deadline of a call accepted last (GPUCLASS_HEADER_TIMEOUT_SECONDS,
 likewise), the longest call (the hook timeout), and time for the process to exit: gunicorn's
-graceful timeout is the first three (hooks/cli.py). */}}
+graceful timeout is the first three (hooks/cli/__init__.py). */}}
 {{- define "gpuclass-hooks.terminationGraceSeconds" -}}
 {{- add 5 10 (include "gpuclass-hooks.hookTimeoutSeconds" . | int) 5 -}}
 {{- end }}

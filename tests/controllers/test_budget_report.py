@@ -13,14 +13,14 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
-from hooks.app import create_app
-from hooks.metrics import Metrics
+from hooks.serving.app import create_app
+from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import example_of, helmrelease
+from tests.cli.test_plan import run_plan
 from tests.profiles import examples
 from tests.rules.test_budget_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body, own_namespace
 from tests.rules.test_budget_usage import carved, grown_then_lowered
-from tests.test_plan import run_plan
 
 SYNC = "/budget-report/sync"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"

@@ -20,8 +20,8 @@ from hooks.wire.metacontroller import (
     decode_envelope,
     encode,
 )
-from tests.apiserver import kubevirt_cr
 from tests.builders import GPU, OTHER_GPU, as_wire, gpuclass, node, pod, status_sync_request
+from tests.fake_apiserver import kubevirt_cr
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PERMITTED = KubeVirtFound(as_wire(kubevirt_cr(GPU, OTHER_GPU), KubeVirt), "cozy-kubevirt/kubevirt")

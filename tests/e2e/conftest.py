@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from hooks.rules.budget.keys import TOTAL_KEY
-from tests.apiserver import kubevirt_cr
 from tests.builders import helmrelease
 from tests.controlplane import manifests
 from tests.e2e.cluster import GPU, Cluster, wait_for
@@ -31,6 +30,7 @@ from tests.e2e.steps import (
     upgrade,
     webhook_ca_injected,
 )
+from tests.fake_apiserver import kubevirt_cr
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Which releases a review reads (`hooks.rules.budget.scope`): the reads themselves, as the rules
 ask for them, answered from a cluster of plain values. How each read becomes a LIST is the
-reader's (tests/test_budget_reader.py)."""
+reader's (tests/kubeapi/test_budget_reader.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,255 @@
+"""The probe and metrics listeners: `/healthz` and `/readyz` on the health port, `/metrics` on the
+metrics port (controller-runtime's convention), each served apart from the hooks.
+
+The hooks run in gunicorn's pool of threads, which a burst of large or stalled calls can fill;
+kubelet and Prometheus must get their answer all the same, or the pod is restarted for being busy
+and its metrics go dark exactly when they matter. So each listener is a small server of its own: one
+thread, whose event loop (`hooks.serving.edge`) reads nothing but the request line and headers,
+under the head deadline from accept, for a bounded number of connections, and answers there.
+
+- The health port speaks plain HTTP: kubelet probes present no client certificate or token, and
+  the answers say nothing but up or draining.
+- The metrics port speaks HTTPS when the hooks do (the same certificate, never a client
+  certificate: Prometheus has none of Metacontroller's), and asks for the hooks' bearer token when
+  `GPUCLASS_METRICS_REQUIRE_AUTH` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from hooks.serving import edge
+from hooks.serving.auth import TokenFile
+from hooks.serving.edge import TlsSource
+from hooks.serving.logs import log
+from hooks.serving.metrics import Metrics
+from hooks.settings import Settings
+
+# Open connections per listener; past it, those that have not sent their head go first.
+MAX_CONNECTIONS = 512
+BACKLOG = 128
+JSON = "application/json"
+
+
+class ServiceState:
+    """Process-wide state the listeners and hooks share: whether the process still accepts hook
+    calls."""
+
+    def __init__(self) -> None:
+        self._draining = threading.Event()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    def drain(self) -> None:
+        self._draining.set()
+
+
+@dataclass(frozen=True)
+class Reply:
+    code: int
+    body: bytes
+    content_type: str = JSON
+
+
+Route = Callable[[dict[str, str]], Reply]
+
+
+def health_routes(state: ServiceState) -> dict[str, Route]:
+    def healthz(headers: dict[str, str]) -> Reply:
+        return Reply(200, b'{"status":"ok"}')
+
+    def readyz(headers: dict[str, str]) -> Reply:
+        if state.draining:
+            return Reply(503, b'{"error":"shutting down"}')
+        return Reply(200, b'{"status":"ready"}')
+
+    return {"/healthz": healthz, "/readyz": readyz}
+
+
+def metrics_routes(metrics: Metrics, tokens: TokenFile | None) -> dict[str, Route]:
+    def scrape(headers: dict[str, str]) -> Reply:
+        if tokens is not None and not tokens.accepts(headers.get("authorization")):
+            return Reply(401, b'{"error":"missing or invalid bearer token"}')
+        payload, content_type = metrics.exposition()
+        return Reply(200, payload, content_type)
+
+    return {"/metrics": scrape}
+
+
+class Listener:
+    """One port served by one thread: its event loop reads each request's head under the
+    deadline (`hooks.serving.edge`) and answers it there; every answer closes its connection."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        routes: dict[str, Route],
+        tls: TlsSource | None,
+        *,
+        name: str,
+        head_seconds: float,
+        metrics: Metrics | None,
+    ) -> None:
+        self._routes = routes
+        self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Each worker process of `serve` listens on the same ports (SO_REUSEPORT): the kernel
+        # spreads probes and scrapes over them, as it spreads hook calls.
+        if hasattr(socket, "SO_REUSEPORT"):
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self._socket.bind((host, port))
+        self._socket.listen(BACKLOG)
+        self.port = int(self._socket.getsockname()[1])  # the one bound (when asked for port 0)
+        self._socket.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._stopping = False
+
+        def dropped(reason: str) -> None:
+            if metrics is not None:
+                metrics.connections_dropped.labels(listener=name, reason=reason).inc()
+
+        def tls_failed(reason: str) -> None:
+            if metrics is not None:
+                metrics.tls_handshake_failures.labels(listener=name, reason=reason).inc()
+
+        self._edge = edge.Edge(
+            self._selector,
+            self._answer,
+            head_seconds=head_seconds,
+            idle_seconds=head_seconds,
+            max_connections=MAX_CONNECTIONS,
+            tls=tls,
+            on_drop=dropped,
+            on_tls_failure=tls_failed,
+        )
+        if metrics is not None:
+            metrics.watch_connections(name, self._edge.counts)
+            if tls is not None:
+                metrics.watch_tls(name, lambda: tls.not_after)
+        self._selector.register(self._socket, selectors.EVENT_READ, self._accept)
+        self._selector.register(self._wake_read, selectors.EVENT_READ, self._woken)
+        self.thread = threading.Thread(target=self._run, name=f"listener :{port}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        with suppress(OSError):
+            self._wake_write.send(b"x")
+        self.thread.join(5)
+
+    def _accept(self, mask: int) -> None:
+        self._edge.accept(self._socket)
+
+    def _woken(self, mask: int) -> None:
+        with suppress(OSError):
+            self._wake_read.recv(64)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                for key, mask in self._selector.select(self._edge.timeout()):
+                    key.data(mask)
+                self._edge.expire()
+        finally:
+            self._edge.close_all()
+            self._selector.close()
+            for sock in (self._socket, self._wake_read, self._wake_write):
+                sock.close()
+
+    def _answer(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
+        head = edge.parse_head(head_bytes)
+        if head is None:
+            self._edge.drop(connection, "malformed")
+            return
+        route = self._routes.get(head.path)
+        try:
+            reply = route(dict(head.headers)) if route is not None else NOT_FOUND
+        except Exception as error:
+            # One log line, by type and frames as for the hooks; the message may quote input.
+            frames = traceback.format_tb(error.__traceback__)[-3:]
+            log(
+                logging.ERROR,
+                "unexpected error",
+                route="listener",
+                error=type(error).__name__,
+                frames=frames,
+            )
+            self._edge.close(connection)
+            return
+        self._edge.respond(connection, _reply_bytes(reply))
+
+
+NOT_FOUND = Reply(404, b'{"error":"not found"}')
+
+
+def _reply_bytes(reply: Reply) -> bytes:
+    head = (
+        f"HTTP/1.1 {reply.code} {HTTPStatus(reply.code).phrase}\r\n"
+        f"Content-Type: {reply.content_type}\r\nContent-Length: {len(reply.body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + reply.body
+
+
+def listen(
+    host: str,
+    port: int,
+    routes: dict[str, Route],
+    tls: TlsSource | None,
+    *,
+    head_seconds: float,
+    name: str = "health",
+    metrics: Metrics | None = None,
+) -> Listener:
+    """A probe or a scrape that has not sent its request line and headers within `head_seconds`
+    of accept is dropped."""
+    return Listener(host, port, routes, tls, name=name, head_seconds=head_seconds, metrics=metrics)
+
+
+def server_tls(settings: Settings) -> TlsSource | None:
+    """The hooks' certificate for the metrics port (reloaded when its files change), or None
+    when the hooks speak plain HTTP. Never a client certificate: Prometheus has none."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    return TlsSource(settings.tls_cert_file, settings.tls_key_file)
+
+
+def start(
+    settings: Settings,
+    host: str,
+    health_port: int,
+    metrics_port: int,
+    state: ServiceState,
+    metrics: Metrics,
+) -> tuple[Listener, Listener]:
+    """The health and metrics listeners of one worker process."""
+    tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+    guard = tokens if settings.metrics_require_auth else None
+    deadline = settings.header_timeout_seconds
+    health = listen(
+        host, health_port, health_routes(state), None, head_seconds=deadline, metrics=metrics
+    )
+    scrape = listen(
+        host,
+        metrics_port,
+        metrics_routes(metrics, guard),
+        server_tls(settings),
+        name="metrics",
+        head_seconds=deadline,
+        metrics=metrics,
+    )
+    log(logging.INFO, "listening", health_port=health.port, metrics_port=scrape.port)
+    return health, scrape

@@ -1,0 +1,451 @@
+"""Prometheus metrics: per-class capacity and use, and the hooks' own traffic.
+
+Class series come from a custom collector over the latest computation of each class, so that a
+series can disappear: series older than three status resync periods
+(`GPUCLASS_STATUS_RESYNC_SECONDS`, which the chart passes) are dropped at scrape, and a class
+missing from a sync's full class list is forgotten at once. That is also why the service runs one
+process with threads: prometheus-client's multiprocess mode cannot remove a series.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hooks.controllers.status import ClassComputation
+from hooks.kubeapi.kubevirt import ReadOutcome
+from hooks.routes import BudgetUsageObserved, LicenseCopiesObserved, Observation
+from hooks.rules.budget.usage import PoolUse
+from hooks.serving.edge import DROP_REASONS, TLS_FAILURE_REASONS
+from hooks.serving.memory import MemoryBudget
+
+BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60)
+
+
+@dataclass(frozen=True)
+class ClassSample:
+    """One class's last computation, and when it was recorded."""
+
+    computation: ClassComputation
+    computed_at: float
+
+
+@dataclass(frozen=True)
+class LicenseSample:
+    copies: int
+    computed_at: float
+
+
+class ClassCollector(Collector):
+    """Thread-safe store of the latest sample per class, exported at scrape time."""
+
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self._stale_after = stale_after_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._classes: dict[str, ClassSample] = {}
+        self._licenses: dict[str, LicenseSample] = {}
+
+    def record(self, name: str, sample: ClassSample) -> None:
+        with self._lock:
+            self._classes[name] = sample
+
+    def record_license(self, name: str, copies: int) -> None:
+        with self._lock:
+            self._licenses[name] = LicenseSample(copies, self._clock())
+
+    def forget_license(self, name: str) -> None:
+        with self._lock:
+            self._licenses.pop(name, None)
+
+    def retain_only(self, names: Iterable[str]) -> None:
+        """Forget every class not in the full class list a sync just saw (deleted classes)."""
+        keep = set(names)
+        with self._lock:
+            for store in (self._classes, self._licenses):
+                for name in [n for n in store if n not in keep]:
+                    del store[name]
+
+    def now(self) -> float:
+        return self._clock()
+
+    def _fresh(self) -> tuple[dict[str, ClassSample], dict[str, LicenseSample]]:
+        oldest = self._clock() - self._stale_after
+        with self._lock:
+            for store in (self._classes, self._licenses):
+                for name in [n for n, s in store.items() if s.computed_at < oldest]:
+                    del store[name]
+            return dict(self._classes), dict(self._licenses)
+
+    def collect(self) -> Iterator[Metric]:
+        classes, licenses = self._fresh()
+        labels = ["class", "resource", "eligible"]
+        capacity = GaugeMetricFamily(
+            "cozystack_gpu_class_capacity_units",
+            "Allocatable units of the class's resource, over eligible nodes and over the other "
+            "nodes that advertise it",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "cozystack_gpu_class_used_units",
+            "Effective requested units of the class's resource, split like capacity",
+            labels=labels,
+        )
+        free = GaugeMetricFamily(
+            "cozystack_gpu_class_free_units", "The class's status.free", labels=["class"]
+        )
+        max_free = GaugeMetricFamily(
+            "cozystack_gpu_class_max_free_per_node_units",
+            "The class's status.maxFreePerNode",
+            labels=["class"],
+        )
+        condition = GaugeMetricFamily(
+            "cozystack_gpu_class_condition",
+            "1 per class and condition type, labelled with its current status and reason",
+            labels=["class", "type", "status", "reason"],
+        )
+        last_sync = GaugeMetricFamily(
+            "cozystack_gpu_class_last_sync_timestamp_seconds",
+            "When this replica last computed the class's status",
+            labels=["class"],
+        )
+        copies = GaugeMetricFamily(
+            "cozystack_gpu_class_license_copies",
+            "Entitled namespaces holding a license copy of the class",
+            labels=["class"],
+        )
+        for name, sample in sorted(classes.items()):
+            last_sync.add_metric([name], sample.computed_at)
+            computed, resource = sample.computation, sample.computation.resource
+            for item in computed.conditions:
+                condition.add_metric([name, item.type, item.status, item.reason], 1.0)
+            # a conflicting class reports zero and exports no inventory
+            if computed.capacity is None or resource is None or not computed.exports_inventory:
+                continue
+            free.add_metric([name], computed.free)
+            max_free.add_metric([name], computed.max_free_per_node)
+            for eligible in (True, False):
+                total, use = computed.capacity.totals(eligible=eligible)
+                flag = "true" if eligible else "false"
+                capacity.add_metric([name, resource, flag], total)
+                used.add_metric([name, resource, flag], use)
+        for name, license_sample in sorted(licenses.items()):
+            copies.add_metric([name], license_sample.copies)
+        yield from (capacity, used, free, max_free, condition, last_sync, copies)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class BudgetCollector(Collector):
+    """The last budget report this replica computed, exported at scrape time: one series per
+    bounded tenant and key it declares, stamped with when it was computed, and gone three status
+    resync periods after (the report resyncs with the status) or at once when a report leaves a
+    pool out."""
+
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float]) -> None:
+        self._stale_after = stale_after_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._report: tuple[tuple[PoolUse, ...], float] | None = None
+
+    def record(self, pools: tuple[PoolUse, ...]) -> None:
+        with self._lock:
+            self._report = (pools, self._clock())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            report = self._report
+        if report is not None and report[1] < self._clock() - self._stale_after:
+            report = None
+        labels = ["namespace", "tenant", "key"]
+        families = {
+            field: GaugeMetricFamily(name, about, labels=labels)
+            for field, name, about in (
+                ("budget", "cozystack_gpu_budget_units", "The pool's budget for the key"),
+                (
+                    "carved_out",
+                    "cozystack_gpu_budget_carved_out_units",
+                    "What the bounded tenants in the pool carve out of the key",
+                ),
+                (
+                    "reserved",
+                    "cozystack_gpu_budget_reserved_units",
+                    "What the apps of the pool's members reserve of the key",
+                ),
+                (
+                    "left",
+                    "cozystack_gpu_budget_left_units",
+                    "Budget less carve-outs less reservations; below 0 the pool is over budget",
+                ),
+            )
+        }
+        unreadable = GaugeMetricFamily(
+            "cozystack_gpu_budget_pool_unreadable",
+            "1 per pool whose figures cannot be known: its arithmetic reads an object that does "
+            "not decode",
+            labels=["namespace", "tenant"],
+        )
+        stamp = GaugeMetricFamily(
+            "cozystack_gpu_budget_report_timestamp_seconds",
+            "When this replica last computed the budget report",
+        )
+        if report is not None:
+            pools, computed_at = report
+            stamp.add_metric([], computed_at)
+            for pool in pools:
+                if pool.unreadable is not None:
+                    unreadable.add_metric([pool.namespace, pool.tenant], 1.0)
+                for use in pool.keys:
+                    for field, family in families.items():
+                        family.add_metric(
+                            [pool.namespace, pool.tenant, use.key], getattr(use, field)
+                        )
+        yield from (*families.values(), unreadable, stamp)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+# The ports whose connections the edge keeps (`hooks.serving.edge`).
+LISTENERS = ("hooks", "health", "metrics")
+
+
+class ConnectionCollector(Collector):
+    """Open connections of each listener by state, read from its edge when scraped."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, Callable[[], Mapping[str, int]]] = {}
+
+    def watch(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts[listener] = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "cozystack_gpu_hook_connections",
+            "Open connections by listener and state (handshaking, reading_headers, idle, "
+            "in_call, closing)",
+            labels=["listener", "state"],
+        )
+        for listener, counts in sorted(self._counts.items()):
+            for state, count in counts().items():
+                family.add_metric([listener, state], count)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("cozystack_gpu_hook_connections", "", labels=["listener", "state"])
+
+
+class Metrics:
+    """Everything the service exports, in its own registry (one per app, so tests are isolated).
+    Class series older than `stale_after_seconds` are dropped at scrape."""
+
+    def __init__(self, stale_after_seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.classes = ClassCollector(stale_after_seconds, clock)
+        self.registry.register(self.classes)
+        self.budgets = BudgetCollector(stale_after_seconds, clock)
+        self.registry.register(self.budgets)
+        self.requests = Counter(
+            "cozystack_gpu_hook_requests_total",
+            "Hook calls by route template and HTTP code",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "cozystack_gpu_hook_request_duration_seconds",
+            "Time to answer a hook call, by route template",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.body_bytes = Histogram(
+            "cozystack_gpu_hook_request_body_bytes",
+            "Size of hook request bodies, by route template",
+            ["route"],
+            buckets=BODY_BUCKETS,
+            registry=self.registry,
+        )
+        self.kubevirt_reads = Counter(
+            "cozystack_gpu_kubevirt_reads_total",
+            "Reads of the KubeVirt CR by outcome (found, absent, unreadable)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.budget_reviews = Counter(
+            "cozystack_gpu_budget_reviews_total",
+            "Budget reviews answered, by verdict: allowed, denied, or failed_closed (denied "
+            "because an input could not be read)",
+            ["verdict"],
+            registry=self.registry,
+        )
+        # Every known label value from the start: a counter's first increase is then a rate
+        # like any other, not a series appearing (which rate() and the alerts cannot see).
+        for verdict in ("allowed", "denied", "failed_closed"):
+            self.budget_reviews.labels(verdict=verdict)
+
+        self.calls_in_progress = Gauge(
+            "cozystack_gpu_hook_calls_in_progress",
+            "Hook calls being answered, each holding one of the worker's threads",
+            registry=self.registry,
+        )
+        self.calls_queued = Gauge(
+            "cozystack_gpu_hook_calls_queued",
+            "Connections with a request waiting for a free thread of the worker",
+            registry=self.registry,
+        )
+        self.threads = Gauge(
+            "cozystack_gpu_hook_threads",
+            "Threads the worker answers hook calls with",
+            registry=self.registry,
+        )
+        self.apart_calls = Counter(
+            "cozystack_gpu_hook_apart_calls_total",
+            "Large calls computed in a process of their own, by outcome (answered, bad_request, "
+            "not_read, ChildDied, DeadlineExceeded, StartTimedOut, ...)",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+        self.connections_dropped = Counter(
+            "cozystack_gpu_hook_connections_dropped_total",
+            "Connections closed without an answer, by listener (hooks, health, metrics) and "
+            "reason (head_deadline, head_too_large, over_capacity, handshake_failed, malformed)",
+            ["listener", "reason"],
+            registry=self.registry,
+        )
+        for listener in LISTENERS:
+            for reason in DROP_REASONS:
+                self.connections_dropped.labels(listener=listener, reason=reason)
+        self.tls_handshake_failures = Counter(
+            "cozystack_gpu_hook_tls_handshake_failures_total",
+            "TLS handshakes that failed, by listener (hooks, metrics) and reason "
+            "(certificate_rejected, client_certificate, plain_http, protocol, other)",
+            ["listener", "reason"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "cozystack_gpu_hook_certificate_expiry_timestamp_seconds",
+            "When the certificate each TLS listener serves ends (Unix time); it is read again "
+            "on the first connection after its files change",
+            ["listener"],
+            registry=self.registry,
+        )
+        self._connections = ConnectionCollector()
+        self.registry.register(self._connections)
+
+        self.memory_budget = Gauge(
+            "cozystack_gpu_hook_memory_budget_bytes",
+            "The memory budget for request bodies in flight (0: none)",
+            registry=self.registry,
+        )
+        self.memory_reserved = Gauge(
+            "cozystack_gpu_hook_memory_reserved_bytes",
+            "Budget reserved by calls in flight (their expanded body sizes)",
+            registry=self.registry,
+        )
+        self.memory_waiting = Gauge(
+            "cozystack_gpu_hook_memory_waiting_calls",
+            "Calls waiting for the memory budget",
+            registry=self.registry,
+        )
+        self.memory_refused = Counter(
+            "cozystack_gpu_hook_memory_refused_total",
+            "Calls refused by the memory budget: 429 (waited too long) or 413 (can never fit)",
+            ["code"],
+            registry=self.registry,
+        )
+        for code in ("429", "413"):
+            self.memory_refused.labels(code=code)
+        self.memory_wait = Histogram(
+            "cozystack_gpu_hook_memory_wait_seconds",
+            "Time calls waited for the memory budget before they were admitted or refused",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+
+    def exposition(self) -> tuple[bytes, str]:
+        """What a scrape gets: every series in the text format, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def watch_threads(self, threads: int, queued: Callable[[], int]) -> None:
+        """Export the worker's thread count, and read its queue of waiting calls at each scrape."""
+        self.threads.set(threads)
+        self.calls_queued.set_function(queued)
+
+    def watch_connections(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Read a listener's open connections by state at each scrape."""
+        self._connections.watch(listener, counts)
+
+    def watch_client_certificates(self, not_after: Callable[[], float]) -> None:
+        """The hook port with client certificates required: when the last one presented ends.
+        Exported only then: a series at 0 elsewhere would read as a certificate long ended."""
+        Gauge(
+            "cozystack_gpu_hook_client_certificate_expiry_timestamp_seconds",
+            "When the client certificate last presented on the hook port ends (Unix time; "
+            "with client certificates required)",
+            registry=self.registry,
+        ).set_function(not_after)
+
+    def watch_tls(self, listener: str, not_after: Callable[[], float]) -> None:
+        """A TLS listener: its handshake failures by reason (all at zero from the start), and
+        the end of the certificate it serves, read at each scrape."""
+        for reason in TLS_FAILURE_REASONS:
+            self.tls_handshake_failures.labels(listener=listener, reason=reason)
+        self.certificate_expiry.labels(listener=listener).set_function(not_after)
+
+    def watch_memory(self, budget: MemoryBudget | None) -> None:
+        """Export the budget, and read what is reserved and waiting at each scrape."""
+        self.memory_budget.set(budget.budget_bytes if budget is not None else 0)
+        if budget is not None:
+            self.memory_reserved.set_function(lambda: budget.reserved_bytes)
+            self.memory_waiting.set_function(lambda: budget.waiting)
+
+    def record(self, observation: Observation) -> None:
+        """A sync's observation, recorded where its answer is sent (so that a sync computed in
+        another process is recorded all the same)."""
+        if isinstance(observation, ClassComputation):
+            self._record_status(observation)
+        elif isinstance(observation, LicenseCopiesObserved):
+            self._record_license(observation)
+        elif isinstance(observation, BudgetUsageObserved):
+            self.budgets.record(observation.pools)
+        else:
+            self.budget_reviews.labels(verdict=observation.verdict).inc()
+
+    def _record_status(self, computed: ClassComputation) -> None:
+        """A status sync: forget deleted classes, and keep this class's computation."""
+        if computed.known_classes is not None:
+            self.classes.retain_only(computed.known_classes)
+        if computed.conditions:
+            self.classes.record(computed.class_name, ClassSample(computed, self.classes.now()))
+
+    def _record_license(self, observed: LicenseCopiesObserved) -> None:
+        """A license sync: its copies, or no series for a class that holds no license."""
+        if observed.copies is None:
+            self.classes.forget_license(observed.class_name)
+        else:
+            self.classes.record_license(observed.class_name, observed.copies)
+
+    def record_kubevirt_read(self, outcome: ReadOutcome) -> None:
+        self.kubevirt_reads.labels(outcome=outcome).inc()
+
+    def observe_call(self, route: str, code: int, seconds: float, body_bytes: int) -> None:
+        self.requests.labels(route=route, code=str(code)).inc()
+        self.latency.labels(route=route).observe(seconds)
+        self.body_bytes.labels(route=route).observe(body_bytes)

@@ -1,0 +1,160 @@
+"""The service under gunicorn: one arbiter, `HookWorker` processes, each with its edge, its fork
+server for large calls and its probe and metrics listeners."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import ssl
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
+
+from hooks.serving import apart, gthread, listeners, logs
+from hooks.serving.app import create_app, stale_after_seconds
+from hooks.serving.auth import TokenFile
+from hooks.serving.guard import Guard
+from hooks.serving.metrics import Metrics
+from hooks.serving.worker import HookWorker
+from hooks.settings import Settings
+
+SWITCH_INTERVAL_SECONDS = 0.001  # see run()
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `gpuclass-hooks serve` takes besides the settings."""
+
+    bind: str
+    workers: int
+    threads: int
+    health_port: int
+    metrics_port: int
+    worker_tmp_dir: str | None = None
+
+    @property
+    def host(self) -> str:
+        return self.bind.rpartition(":")[0].strip("[]") or "0.0.0.0"
+
+
+def graceful_timeout_seconds(settings: Settings) -> float:
+    """How long a stopping worker may take from SIGTERM: every call accepted before it stops
+    accepting is answered within it."""
+    return (
+        settings.shutdown_delay_seconds
+        + settings.header_timeout_seconds
+        + settings.hook_timeout_seconds
+    )
+
+
+class JsonGunicornLogger(Logger):
+    """gunicorn's own lines (boot, worker exits, timeouts) in the service's JSON format."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for handler in self.error_log.handlers:
+            handler.setFormatter(logs.JsonFormatter())
+
+
+def gunicorn_options(settings: Settings, options: ServeOptions) -> dict[str, Any]:
+    """gunicorn's settings for the service."""
+    config: dict[str, Any] = {
+        "bind": [options.bind],
+        "workers": options.workers,
+        "worker_class": HookWorker,
+        "threads": options.threads,
+        # A worker whose main loop is stuck this long is restarted: beyond the hook timeout, so
+        # that a slow large call is answered rather than killed mid-way.
+        "timeout": math.ceil(2 * settings.hook_timeout_seconds),
+        # Counted from SIGTERM: the drain delay, during which the worker still accepts, then a
+        # call accepted last has its head's deadline and the hook timeout.
+        "graceful_timeout": math.ceil(graceful_timeout_seconds(settings)),
+        "keepalive": 5,
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": settings.log_level,
+        "logger_class": JsonGunicornLogger,
+        "worker_tmp_dir": options.worker_tmp_dir,
+    }
+    if settings.tls_cert_file is not None:
+        config.update(certfile=str(settings.tls_cert_file), keyfile=str(settings.tls_key_file))
+    if settings.tls_client_ca_file is not None:
+        config.update(ca_certs=str(settings.tls_client_ca_file), cert_reqs=ssl.CERT_REQUIRED)
+    return config
+
+
+class HookServer(BaseApplication):
+    """gunicorn embedded: the app is made in each worker, with metrics of its own."""
+
+    def __init__(self, settings: Settings, options: ServeOptions) -> None:
+        self.settings, self.options = settings, options
+        # Made before gunicorn forks: each worker holds its own copy, which its readiness probe
+        # reads and its SIGTERM handler drains.
+        self.state = listeners.ServiceState()
+        tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
+        self.guard = Guard(settings, tokens)
+        self.metrics: Metrics | None = None  # the worker's, made when it loads the app
+        super().__init__()
+
+    def load_config(self) -> None:
+        config = gunicorn_options(self.settings, self.options)
+        config["post_worker_init"] = self.start_worker
+        for key, value in config.items():
+            if value is not None:
+                self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        self.metrics = Metrics(stale_after_seconds(self.settings))
+        return create_app(self.settings, metrics=self.metrics, guard=self.guard)
+
+    def start_worker(self, worker: Any) -> None:
+        settings, options, metrics = self.settings, self.options, self.metrics
+        assert metrics is not None, "gunicorn loads the app before it starts the worker"
+        self.drain_on_sigterm(worker)
+        worker.serve_edge(settings, self.guard, metrics)
+        metrics.watch_threads(options.threads, gthread.queued_calls(worker))
+        # Each worker has its own fork server for large calls, started before the first one
+        # arrives (which would otherwise wait for it to import the hooks), and before the probes
+        # answer: a worker that reports ready can compute a large call.
+        if apart.supported():
+            apart.start()
+        listeners.start(
+            settings, options.host, options.health_port, options.metrics_port, self.state, metrics
+        )
+
+    def drain_on_sigterm(self, worker: Any) -> None:
+        """SIGTERM: readiness turns false at once, then, after the drain delay (time for the
+        endpoints to drop this pod), the worker stops accepting (new connections are refused)
+        and finishes the calls it accepted within its graceful timeout."""
+        stop = worker.handle_exit
+        state, delay = self.state, self.settings.shutdown_delay_seconds
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            state.drain()
+            timer = threading.Timer(delay, stop, args=(signum, frame))
+            timer.daemon = True
+            timer.start()
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def run(settings: Settings, options: ServeOptions) -> int:
+    logs.configure(settings.log_level)
+    # Large calls are computed in other processes, but the threads reading their bodies still run
+    # Python between reads, and a small call that needs the interpreter waits up to one switch
+    # interval each time it does: a shorter interval keeps customize hooks, license syncs and
+    # admission reviews quick meanwhile (`make bench-load` measures it; docs/scale.md).
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+    if options.workers > 1:
+        logs.log(
+            logging.WARNING,
+            "several worker processes: each keeps its own metrics; scrapes see one of them",
+            workers=options.workers,
+        )
+    HookServer(settings, options).run()
+    return 0

@@ -1,0 +1,103 @@
+"""The README is a front door and the docs are the manual: both stay inside the repository and
+true to the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hooks.routes import HOOKS
+from tests import ROOT
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# [text](target): the target up to a closing parenthesis or a space (a title may follow).
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)[^)]*\)")
+FENCE = re.compile(r"```.*?```", re.DOTALL)
+
+
+def links(page: Path) -> list[str]:
+    return LINK.findall(FENCE.sub("", page.read_text()))
+
+
+def test_the_readme_is_at_most_250_lines() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_readme_starts_with_the_two_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    first_block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert [line.split()[:2] for line in first_block.splitlines()] == [
+        ["make", "run"],
+        ["make", "test"],
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_link_resolves_inside_the_repository(page: Path) -> None:
+    found = links(page)
+    for target in found:
+        assert not re.match(r"^[a-z][a-z0-9+.-]*:", target), f"{page.name}: {target} leaves"
+        path = (page.parent / target.split("#", 1)[0]).resolve()
+        assert path.is_relative_to(ROOT.resolve()), f"{page.name}: {target} leaves the repository"
+        assert path.exists(), f"{page.name}: {target} does not exist"
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    linked = {(ROOT / target).resolve() for target in links(ROOT / "README.md")}
+    assert set(PAGES[1:]) <= linked
+
+
+def test_the_link_check_sees_links() -> None:
+    # A check that matched nothing would pass on anything.
+    assert "docs/gpuclass.md" in links(ROOT / "README.md")
+    assert links(PAGES[1])
+
+
+def test_every_hook_is_in_the_readme_routes_table() -> None:
+    text = (ROOT / "README.md").read_text()
+    for hook in HOOKS:
+        assert f"`POST {hook.path}`" in text, hook.path
+
+
+def cited_documents(text: str) -> set[str]:
+    """The Markdown documents a source file names (`docs/x.md`, `x.md`), links excepted."""
+    return {m for m in re.findall(r"(?<![\w/.:-])[\w./-]+\.md\b", text) if "//" not in m}
+
+
+def test_every_document_the_code_and_tests_cite_is_in_the_repository() -> None:
+    """A reader of the project can follow every citation: no module, test or docstring names a
+    document the repository does not hold."""
+    held = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("**/*.md") if ".venv" not in p.parts}
+    names = {Path(p).name for p in held}
+    sources = [
+        p
+        for folder in ("hooks", "tests", "bench", "fuzz", "mutation")
+        for p in (ROOT / folder).rglob("*.py")
+        if p != Path(__file__)  # whose examples name documents on purpose
+    ]
+    missing = sorted(
+        f"{source.relative_to(ROOT)}: {cited}"
+        for source in sources
+        for cited in cited_documents(source.read_text())
+        if cited not in held and cited not in names
+    )
+    assert cited_documents("see budget-admission.md and docs/x.md") == {
+        "budget-admission.md",
+        "docs/x.md",
+    }
+    assert missing == []
+
+
+def test_every_budget_rule_a_test_cites_is_numbered_in_the_docs_and_each_has_its_test() -> None:
+    page = (ROOT / "docs" / "gpu-budgets.md").read_text()
+    numbered = {int(n) for n in re.findall(r"^(\d+)\. \*\*", page, flags=re.MULTILINE)}
+    tests = (ROOT / "tests" / "rules" / "test_budget.py").read_text()
+    cited = {
+        int(n)
+        for name in re.findall(r"^def test_rule_([\d_and]+?)_[a-z]", tests, flags=re.MULTILINE)
+        for n in name.split("_and_")
+    }
+    assert numbered == set(range(1, 8))
+    assert cited == numbered
