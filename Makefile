@@ -98,7 +98,7 @@ bugs: $(BIN)/gpuclass-hooks
 	$(BIN)/python mutation/bugs.py $(NAMES)
 
 # Mutation testing of the whole service but its entry point (mutmut; not in CI): a full run takes
-# hours (docs/development.md); MUTANTS='hooks.rules.budget*' runs one module. The report counts
+# hours (docs/mutation.md); MUTANTS='hooks.rules.budget*' runs one module. The report counts
 # the survivors listed in mutation/equivalent.txt as equivalent, those no test reaches as
 # survivors, and prints only the news.
 MUTANTS ?=
@@ -127,7 +127,7 @@ image-test: image tools
 
 # The install as a cluster runs it: a one-node cluster (kubelet, containerd, CoreDNS) booted in a
 # network namespace of its own with no route out, Metacontroller and cert-manager in it, and
-# docs/install.md followed step by step (docs/development.md: what it needs, what it costs).
+# docs/install.md followed step by step (docs/cluster.md: what it needs and leaves).
 # Needs root and Debian's containerd, runc, containernetworking-plugins and iptables.
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/gpuclass-hooks-e2e
 e2e: image

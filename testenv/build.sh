@@ -2,7 +2,7 @@
 # Builds the tools the tests run (helm, etcd, kube-apiserver) from the Go module proxy, once per
 # version; fetches prometheus-operator's CRDs from its Go module; installs Prometheus (the server
 # and promtool) from Debian's packages when they are missing.
-# `build.sh cluster` builds, besides, what `make e2e`'s one-node cluster runs (docs/development.md):
+# `build.sh cluster` builds, besides, what `make e2e`'s one-node cluster runs (docs/cluster.md):
 # the kubelet, kube-controller-manager, kube-scheduler, kube-proxy and kubectl, CoreDNS,
 # cert-manager's controller and cainjector, Metacontroller (from its source archive), a pause
 # program, and the images made of them.

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trustme
+from controlplane import ApiServer, etcd_command  # testenv/controlplane.py
 
 NODE_NAME = "node-1"
 NODE_IP = "10.233.0.1"
@@ -57,6 +58,7 @@ BOOT_SECONDS = 120
 STOP_SECONDS = 20
 CGROUP_ROOT = "gpuclass-e2e"
 CNI_BIN = "/usr/lib/cni"
+ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
 
 
 @dataclass(frozen=True)
@@ -465,35 +467,29 @@ def start_control_plane(cluster: Cluster) -> None:
     start(
         cluster,
         "etcd",
-        cluster.tool("etcd"),
-        f"--data-dir={cluster.path('etcd')}",
-        "--listen-client-urls=http://127.0.0.1:2379",
-        "--advertise-client-urls=http://127.0.0.1:2379",
-        "--listen-peer-urls=http://127.0.0.1:2380",
-        "--quota-backend-bytes=2147483648",
+        *etcd_command(cluster.tool("etcd"), cluster.path("etcd"), ETCD_CLIENT_PORT, ETCD_PEER_PORT),
     )
-    start(
-        cluster,
-        "kube-apiserver",
+    api_server = ApiServer(
         cluster.tool("kube-apiserver"),
-        "--etcd-servers=http://127.0.0.1:2379",
-        f"--advertise-address={NODE_IP}",
-        "--bind-address=0.0.0.0",
-        "--secure-port=6443",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        f"--tls-cert-file={pki / 'apiserver.crt'}",
-        f"--tls-private-key-file={pki / 'apiserver.key'}",
-        f"--client-ca-file={pki / 'ca.crt'}",
-        f"--token-auth-file={pki / 'tokens.csv'}",
-        f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
-        f"--kubelet-client-key={pki / 'kubelet-client.key'}",
-        "--kubelet-preferred-address-types=InternalIP",
-        "--authorization-mode=Node,RBAC",
-        "--allow-privileged=true",
-        f"--service-account-key-file={pki / 'sa.key'}",
-        f"--service-account-signing-key-file={pki / 'sa.key'}",
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        etcd_client_port=ETCD_CLIENT_PORT,
+        bind_address="0.0.0.0",
+        advertise_address=NODE_IP,
+        secure_port=6443,
+        service_cidr=SERVICE_CIDR,
+        tls_cert=pki / "apiserver.crt",
+        tls_key=pki / "apiserver.key",
+        token_file=pki / "tokens.csv",
+        service_account_key=pki / "sa.key",
+        issuer="https://kubernetes.default.svc.cluster.local",
+        authorization_mode="Node,RBAC",
+        extra=(
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ),
     )
+    start(cluster, "kube-apiserver", *api_server.command())
     wait_until(
         "kube-apiserver",
         lambda: healthy(cluster, f"https://{NODE_IP}:6443/readyz"),

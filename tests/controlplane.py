@@ -1,11 +1,11 @@
 """A real Kubernetes control plane for the tests, the way envtest does it: etcd and kube-apiserver
 started on loopback, with no kubelet, no controller-manager and no containers.
 
-The binaries come from `make tools` (testenv/build.sh), on PATH. The API server serves HTTPS with a
-certificate made here (trustme), authenticates an admin through a static token file, authorizes
-with RBAC, and signs service-account tokens (TokenRequest works; the chart's RBAC is tested with a
-real token of its ServiceAccount).
-"""
+The binaries come from `make tools` (testenv/build.sh), on PATH; their command lines from
+testenv/controlplane.py, which the one-node cluster starts its own with. The API server serves
+HTTPS with a certificate made here (trustme), authenticates an admin through a static token file,
+authorizes with RBAC, and signs service-account tokens (TokenRequest works; the chart's RBAC is
+tested with a real token of its ServiceAccount)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import requests
 import trustme
 import yaml
 
+from testenv.controlplane import ApiServer, etcd_command
 from tests.live import free_port
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -201,49 +202,38 @@ def control_plane(workdir: Path) -> Iterator[ControlPlane]:
     tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
 
     etcd_log = workdir / "etcd.log"
-    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    etcd_url = f"http://127.0.0.1:{etcd_port}"  # its health
     with etcd_log.open("wb") as log:
         etcd = subprocess.Popen(
-            [
-                binary("etcd"),
-                "--data-dir", str(workdir / "etcd"),
-                "--listen-client-urls", etcd_url,
-                "--advertise-client-urls", etcd_url,
-                "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-                "--unsafe-no-fsync",
-            ],
+            etcd_command(binary("etcd"), workdir / "etcd", etcd_port, peer_port, fsync=False),
             stdout=log,
             stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        )
     apiserver: subprocess.Popen[bytes] | None = None
     try:
         _wait_healthy(f"{etcd_url}/health", etcd, etcd_log)
         api_log = workdir / "kube-apiserver.log"
         with api_log.open("wb") as log:
             apiserver = subprocess.Popen(
-                [
+                ApiServer(
                     binary("kube-apiserver"),
-                    "--etcd-servers", etcd_url,
-                    "--bind-address", "127.0.0.1",
-                    "--advertise-address", "127.0.0.1",
-                    "--secure-port", str(api_port),
-                    "--tls-cert-file", str(files["tls.crt"]),
-                    "--tls-private-key-file", str(files["tls.key"]),
-                    "--cert-dir", str(workdir / "certs"),
-                    "--token-auth-file", str(tokens),
-                    "--authorization-mode", "RBAC",
-                    "--service-account-issuer", "https://kubernetes.default.svc",
-                    "--service-account-key-file", str(files["sa.key"]),
-                    "--service-account-signing-key-file", str(files["sa.key"]),
-                    "--service-cluster-ip-range", "10.96.0.0/24",
-                    "--allow-privileged",
-                    "--disable-admission-plugins", "ServiceAccount",
-                ],
+                    etcd_client_port=etcd_port,
+                    bind_address="127.0.0.1",
+                    advertise_address="127.0.0.1",
+                    secure_port=api_port,
+                    service_cidr="10.96.0.0/24",
+                    tls_cert=files["tls.crt"],
+                    tls_key=files["tls.key"],
+                    token_file=tokens,
+                    service_account_key=files["sa.key"],
+                    extra=(
+                        f"--cert-dir={workdir / 'certs'}",
+                        "--disable-admission-plugins=ServiceAccount",
+                    ),
+                ).command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            )
         url = f"https://127.0.0.1:{api_port}"
         _wait_healthy(
             f"{url}/readyz",

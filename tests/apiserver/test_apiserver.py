@@ -25,7 +25,6 @@ import yaml
 from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.rules.budget.apps import check_app
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
@@ -46,6 +45,7 @@ from tests.controlplane import (
     object_path,
 )
 from tests.live import LiveServer, live_server
+from tests.rules.budget import check_app
 
 # Starts etcd and kube-apiserver (`make tools`).
 

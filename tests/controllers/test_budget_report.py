@@ -19,8 +19,8 @@ from hooks.settings import Settings
 from tests.builders import example_of, helmrelease
 from tests.cli.test_plan import run_plan
 from tests.profiles import examples
-from tests.rules.test_budget_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body, own_namespace
-from tests.rules.test_budget_usage import carved, grown_then_lowered
+from tests.rules.budget.test_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body, own_namespace
+from tests.rules.budget.test_usage import carved, grown_then_lowered
 
 SYNC = "/budget-report/sync"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"

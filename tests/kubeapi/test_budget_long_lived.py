@@ -289,14 +289,14 @@ def test_gpuclasses_are_read_only_when_a_pool_applies(apiserver: FakeApiServer) 
 
 @pytest.fixture
 def slow_pool(apiserver: FakeApiServer) -> Iterator[BudgetReader]:
-    """Twenty bounded tenants, and one more whose namespace's LIST takes two seconds."""
+    """Twenty bounded tenants, and one more whose namespace's LIST takes ten seconds."""
     tenants = [
         helmrelease("Tenant", "tenant-root", f"t{i}", {"resourceQuotas": {TOTAL_KEY: "4"}})
         for i in range(20)
     ]
     slow = helmrelease("Tenant", "tenant-root", "slow", {"resourceQuotas": {TOTAL_KEY: "4"}})
     budgets = cluster(apiserver, helmrelease("Tenant", "tenant-root", "root", {}), *tenants, slow)
-    apiserver.routes[releases_in("tenant-slow")] = Route(200, list_of([slow]), delay=2.0)
+    apiserver.routes[releases_in("tenant-slow")] = Route(200, list_of([slow]), delay=10.0)
     yield budgets
 
 
@@ -311,23 +311,20 @@ def test_a_slow_list_delays_only_its_own_review(slow_pool: BudgetReader) -> None
 
     threading.Thread(target=slow_review, daemon=True).start()
     time.sleep(0.2)  # the slow review is waiting for its LIST
-    took: list[float] = []
     verdicts: list[bool] = []
 
     def review(index: int) -> None:
-        started = time.monotonic()
         verdicts.append(verdict_of(vm(f"tenant-t{index}", "v", GPU), slow_pool).allowed)
-        took.append(time.monotonic() - started)
 
     threads = [threading.Thread(target=review, args=(i,)) for i in range(20)]
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(5)
-    assert not slow_done.is_set(), "the slow LIST answered before the others were measured"
+        thread.join(9)
+    # every other review answered while the slow LIST was still pending: none waited behind it
+    assert not slow_done.is_set(), "the slow LIST answered before the others"
     assert verdicts == [True] * 20
-    assert max(took) < 1.0, f"slowest review took {max(took):.2f} s"
-    assert slow_done.wait(5)
+    assert slow_done.wait(20)
 
 
 def test_the_api_client_gives_each_thread_its_own_session(apiserver: FakeApiServer) -> None:

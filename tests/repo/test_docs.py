@@ -3,6 +3,7 @@ true to the code."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -93,7 +94,9 @@ def test_every_document_the_code_and_tests_cite_is_in_the_repository() -> None:
 def test_every_budget_rule_a_test_cites_is_numbered_in_the_docs_and_each_has_its_test() -> None:
     page = (ROOT / "docs" / "gpu-budgets.md").read_text()
     numbered = {int(n) for n in re.findall(r"^(\d+)\. \*\*", page, flags=re.MULTILINE)}
-    tests = (ROOT / "tests" / "rules" / "test_budget.py").read_text()
+    tests = "\n".join(
+        p.read_text() for p in (ROOT / "tests" / "rules" / "budget").glob("test_*.py")
+    )
     cited = {
         int(n)
         for name in re.findall(r"^def test_rule_([\d_and]+?)_[a-z]", tests, flags=re.MULTILINE)
@@ -101,3 +104,39 @@ def test_every_budget_rule_a_test_cites_is_numbered_in_the_docs_and_each_has_its
     }
     assert numbered == set(range(1, 8))
     assert cited == numbered
+
+
+def _resolves(dotted: str) -> bool:
+    """A dotted name is a module, or a name inside the longest module it starts with."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+PATH_IN_THE_REPOSITORY = r"(?<![\w/.-])((?:hooks|tests|testenv|bench|mutation|fuzz)/[\w/.-]*\w)"
+
+
+def test_no_doc_names_a_module_or_file_that_does_not_exist() -> None:
+    """Modules move; the pages that name them must move with them (README, docs/, the chart's
+    README)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    missing = []
+    for page in pages:
+        text = page.read_text()
+        for dotted in set(re.findall(r"(?<![\w.-])hooks(?:\.[A-Za-z_]\w*)+", text)):
+            if not _resolves(dotted.rstrip(".")):
+                missing.append(f"{page.name}: {dotted}")
+        paths = re.findall(PATH_IN_THE_REPOSITORY, text)
+        for path in set(paths):
+            if not (ROOT / path).exists():
+                missing.append(f"{page.name}: {path}")
+    assert sorted(missing) == []

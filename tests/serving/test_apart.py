@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -299,18 +300,27 @@ def test_a_child_that_exits_is_a_500_saying_with_which_code(
     assert error["frames"] == ["the process computing /status/sync ended (exit code 3)"]
 
 
-def test_a_child_that_cut_its_pipe_is_waited_for_a_second_at_most(settings: Settings) -> None:
+def test_a_child_that_cut_its_pipe_is_waited_for_a_second_at_most(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its exit code is worth a second (the log says how it ended), not the call's whole hook
-    timeout: past the second the 500 goes out, and the child is killed."""
-    apart.start()  # the bound is the wait's, not the fork server's first start
-    started = time.monotonic()
+    timeout: past the second the 500 goes out, and the child is killed. Asserted on the wait the
+    code asks for, not on a clock a busy machine slows."""
+    waits: list[float | None] = []
+    join = BaseProcess.join
+
+    def noting_the_wait(process: BaseProcess, timeout: float | None = None) -> None:
+        if process.name.startswith("hook ") and timeout is not None:
+            waits.append(timeout)
+        join(process, timeout)
+
+    monkeypatch.setattr(BaseProcess, "join", noting_the_wait)
     with pytest.raises(FailedElsewhere) as failed:
         apart.compute(
             hook_of(cuts_its_pipe_and_lingers), inputs(settings), no_view, iter([b"{}"]), 2, 30.0
         )
-    took = time.monotonic() - started
     assert failed.value.frames == ["the process computing /status/sync ended (exit code None)"]
-    assert 1.0 <= took < 1.8, took
+    assert waits == [1.0]
     assert hook_children() == []
 
 
@@ -338,22 +348,32 @@ def test_a_child_past_its_deadline_is_killed(settings: Settings) -> None:
 
 
 def test_the_hook_timeout_runs_from_the_call_not_from_the_end_of_its_body(
-    settings: Settings,
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A slow body and a slow computation share one deadline: the call, its child and its
     reservation are held the hook timeout at most, never the body's time again on top."""
     apart.start()
+    arrived: list[float] = []
+    deadlines: list[float] = []
+    await_end = apart._await_end
 
     def slow_body() -> Iterator[bytes]:
-        time.sleep(1.5)
+        time.sleep(0.5)
+        arrived.append(time.monotonic())
         yield b"{}"
 
+    def noting_the_deadline(ours: Any, kubevirt: Any, deadline: float) -> Any:
+        deadlines.append(deadline)
+        return await_end(ours, kubevirt, deadline)
+
+    monkeypatch.setattr(apart, "_await_end", noting_the_deadline)
     started = time.monotonic()
     with pytest.raises(FailedElsewhere) as failed:
         apart.compute(hook_of(hangs), inputs(settings), no_view, slow_body(), 2, 2.0)
-    took = time.monotonic() - started
     assert failed.value.error_type == "DeadlineExceeded"
-    assert 2.0 <= took < 2.7, took
+    # set from the call's start: before the body arrived, however long it took to
+    [deadline] = deadlines
+    assert started + 2.0 <= deadline < arrived[0] + 2.0
     assert hook_children() == []
 
 
@@ -372,23 +392,36 @@ def test_a_call_that_waited_for_the_memory_budget_gets_only_what_is_left_of_its_
     )
     apart.start()
     assert isinstance(held, Admitted)
+    given: list[float] = []
+    compute = apart.compute
+
+    def noting_what_is_left(*args: Any) -> Any:
+        given.append(args[-1])
+        return compute(*args)
+
+    monkeypatch.setattr(apart, "compute", noting_what_is_left)
     threading.Timer(1.0, held.release).start()
-    started = time.monotonic()
     response = app.test_client().post("/status/sync", data=b"{}")
-    took = time.monotonic() - started
     assert response.status_code == 500
-    assert 2.0 <= took < 2.7, took
+    # about the second it waited is spent: the child never gets the whole two again
+    [left] = given
+    assert left < 1.5, left
     assert memory.reserved_bytes == 0
 
 
 def test_past_its_deadline_the_answer_is_not_waited_for_a_moment_longer() -> None:
-    ours, theirs = multiprocessing.Pipe()
-    started = time.monotonic()
+    class Silent:
+        def __init__(self) -> None:
+            self.waits: list[float | None] = []
+
+        def poll(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout)
+            return False
+
+    ours = Silent()
     with pytest.raises(FailedElsewhere):
-        apart._await_end(ours, no_view, deadline=started)
-    assert time.monotonic() - started < 0.5
-    ours.close()
-    theirs.close()
+        apart._await_end(ours, no_view, deadline=time.monotonic() - 1)  # type: ignore[arg-type]
+    assert ours.waits == [0.0]
 
 
 def test_a_client_gone_mid_body_kills_the_child(settings: Settings) -> None:
@@ -455,7 +488,8 @@ def niceness(service: HookInputs, body: bytes) -> Answer:
 
 def test_children_run_below_the_serving_process(settings: Settings) -> None:
     answer = apart.compute(hook_of(niceness), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
-    assert answer.facts["niceness"] == os.nice(0) + apart.CHILD_NICENESS
+    # the child is niced further, as far as the system allows (a suite run under nice too)
+    assert answer.facts["niceness"] == min(os.nice(0) + apart.CHILD_NICENESS, 19)
 
 
 def test_the_serving_thread_reads_a_body_as_batch_work_and_then_returns_to_normal(

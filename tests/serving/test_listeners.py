@@ -123,14 +123,15 @@ def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
 ) -> None:
     """A connection that says nothing waits in the listener's event loop, not in a thread, and is
     closed at the head deadline: a client cannot hold the probes."""
-    for health, _ in started(Settings(header_timeout_seconds=0.5), state, metrics):
+    for health, _ in started(Settings(header_timeout_seconds=3), state, metrics):
         port = int(health.rsplit(":", 1)[1])
         silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
         try:
-            started_at = time.monotonic()
             assert requests.get(f"{health}/healthz", timeout=5).status_code == 200
-            assert time.monotonic() - started_at < 1.0
-            silent[0].settimeout(5)
+            silent[0].setblocking(False)
+            with pytest.raises(BlockingIOError):  # answered while the silent ones are held
+                silent[0].recv(1)
+            silent[0].settimeout(10)
             assert silent[0].recv(1) == b""  # closed by the listener, not by us
         finally:
             for connection in silent:
@@ -249,15 +250,16 @@ def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
     state: listeners.ServiceState,
 ) -> None:
     listener = listeners.listen(
-        "127.0.0.1", 0, listeners.health_routes(state), None, head_seconds=5
+        "127.0.0.1", 0, listeners.health_routes(state), None, head_seconds=60
     )
     assert listener.thread.is_alive() and listener.thread.daemon
     assert listener.thread.name == "listener :0"
     time.sleep(0.25)  # well into a poll, whatever its interval
     stopping = time.monotonic()
     listener.stop()
-    assert time.monotonic() - stopping < 0.2
-    listener.thread.join(1)
+    listener.thread.join(30)
+    # woken, not left to wait out its poll (as long as the head deadline, a minute here)
+    assert time.monotonic() - stopping < 30
     assert not listener.thread.is_alive()
 
 

@@ -369,10 +369,8 @@ def test_small_calls_are_never_stuck_behind_a_waiting_sync(
         assert time.monotonic() < deadline, "the large call never waited"
         time.sleep(0.005)
     customize = {"controller": {}, "parent": gpuclass("a")}
-    started = time.monotonic()
     assert app.test_client().post("/status/customize", json=customize).status_code == 200
     assert memory.waiting == 1  # answered while the large call still waits
-    assert time.monotonic() - started < 0.25
     waiting.join(5)
     assert isinstance(held, Admitted)
     held.release()

@@ -62,21 +62,6 @@ class AppCheck:
         return decided(decide, self.tenants, self.others)
 
 
-def check_app(
-    *,
-    new: App,
-    old: App | None,
-    apps: Iterable[App],
-    tenants: Iterable[Tenant],
-    classes: Iterable[ClassIdentity],
-    creating: bool | None = None,
-) -> Verdict:
-    """`AppCheck`'s verdict in one call, for a caller that holds the classes already."""
-    return AppCheck(new=new, old=old, apps=apps, tenants=tenants, creating=creating).verdict(
-        classes
-    )
-
-
 def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
     """The releases that store the app under review: those carrying its identity. A CREATE has
     no stored self (a release that already carries the identity is another release, and keeps

@@ -1,5 +1,5 @@
 """The budget report (`hooks.rules.budget.usage`) against the independent model of the pool
-invariant (tests/rules/test_budget_invariant.py): for generated trees grown by admitted
+invariant (tests/rules/budget/test_invariant.py): for generated trees grown by admitted
 operations, then pushed over budget the way an operator does it (a budget lowered under what is
 held), every pool's budget, carve-outs, reservations and what is left are the model's; on legacy
 clusters, every pool the report can read has the model's figures, and the others are reported
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.budget.usage import AppUse, PoolUse, budget_usage
 from tests.profiles import examples
-from tests.rules.test_budget_invariant import (
+from tests.rules.budget.test_invariant import (
     BUDGET_KEYS,
     CLASSES,
     L40S,
@@ -27,7 +27,7 @@ from tests.rules.test_budget_invariant import (
     step,
     trees,
 )
-from tests.rules.test_budget_invariant import (
+from tests.rules.budget.test_invariant import (
     LegacyReleases as Releases,
 )
 
