@@ -404,6 +404,17 @@ def admission_review(
 from tests import EXAMPLES  # noqa: E402 (re-exported for the test modules)
 
 
+def conditions_in_order(*, licensed: bool) -> list[str]:
+    """The condition types a class's status holds, in the registry's order: a test that sees a
+    whole status compares with this, so that a new condition breaks only its own test. A class
+    that names no license has no license conditions."""
+    from hooks.rules.class_status import ORDER
+    from hooks.rules.conditions import LICENSE_COPY_CONFLICT, LICENSE_SECRET_MISSING
+
+    of_the_license = {LICENSE_SECRET_MISSING, LICENSE_COPY_CONFLICT}
+    return [kind for kind in ORDER if licensed or kind not in of_the_license]
+
+
 def example_of(route: str) -> bytes:
     """The example request of a hook: `examples/<route with dashes>.json`, e.g. status-sync.json."""
     return (EXAMPLES / f"{route.strip('/').replace('/', '-')}.json").read_bytes()

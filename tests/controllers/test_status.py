@@ -20,7 +20,16 @@ from hooks.wire.metacontroller import (
     decode_envelope,
     encode,
 )
-from tests.builders import GPU, OTHER_GPU, as_wire, gpuclass, node, pod, status_sync_request
+from tests.builders import (
+    GPU,
+    OTHER_GPU,
+    as_wire,
+    conditions_in_order,
+    gpuclass,
+    node,
+    pod,
+    status_sync_request,
+)
 from tests.fake_apiserver import kubevirt_cr
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -61,12 +70,15 @@ def test_status_reports_free_and_max_free_per_node() -> None:
     assert set(response) == {"status", "children"}
     assert response["children"] == []
     assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (3, 3)
-    assert conditions(response) == {
-        "ResourceNameConflict": ("False", "NoConflict"),
-        "ResourceNameNotPermitted": ("False", "Permitted"),
-        "ResourceNotAdvertised": ("False", "Advertised"),
-        "Ready": ("True", "Ready"),
-    }
+    found = conditions(response)
+    assert list(found) == conditions_in_order(licensed=False)
+    assert found["Ready"] == ("True", "Ready")
+    assert all(status == "False" for kind, (status, _) in found.items() if kind != "Ready")
+    assert [found[kind][1] for kind in ("ResourceNameConflict", "ResourceNameNotPermitted")] == [
+        "NoConflict",
+        "Permitted",
+    ]
+    assert found["ResourceNotAdvertised"] == ("False", "Advertised")
 
 
 def test_status_is_idempotent() -> None:
@@ -306,14 +318,7 @@ def test_license_conditions_order_and_idempotency() -> None:
 
     request = licensed_cluster(secrets=[source_secret()], namespaces=[namespace("a")])
     first = run(request)
-    assert [c["type"] for c in first["status"]["conditions"]] == [
-        "ResourceNameConflict",
-        "ResourceNameNotPermitted",
-        "ResourceNotAdvertised",
-        "LicenseSecretMissing",
-        "LicenseCopyConflict",
-        "Ready",
-    ]
+    assert [c["type"] for c in first["status"]["conditions"]] == conditions_in_order(licensed=True)
     request["parent"]["status"] = first["status"]
     assert run(request, now=NOW + timedelta(hours=1)) == first
 

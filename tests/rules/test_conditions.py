@@ -259,3 +259,13 @@ def test_transition_times_are_utc_on_a_host_in_another_zone(
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
+
+
+def test_every_condition_of_the_registry_has_its_line_in_the_docs() -> None:
+    """docs/gpuclass.md's Conditions table is where a hoster learns what a condition means."""
+    from hooks.rules.class_status import ORDER
+    from tests import ROOT
+
+    page = (ROOT / "docs" / "gpuclass.md").read_text()
+    documented = re.findall(r"^\| `(\w+)` \|", page.split("## Conditions", 1)[1], re.M)
+    assert [kind for kind in ORDER if kind not in documented] == []

@@ -15,6 +15,7 @@ from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from tests import ROOT
 from tests.builders import (
+    conditions_in_order,
     example_of,
     gpuclass,
     license_sync_request,
@@ -106,7 +107,9 @@ def test_capacity_and_use_split_by_eligibility(client: FlaskClient, metrics: Met
     }
     ready = labels(**{"class": "l40s", "type": "Ready", "status": "True", "reason": "Ready"})
     assert series(samples, "cozystack_gpu_class_condition")[ready] == 1.0
-    assert len(series(samples, "cozystack_gpu_class_condition")) == 4
+    assert len(series(samples, "cozystack_gpu_class_condition")) == len(
+        conditions_in_order(licensed=False)
+    )
 
 
 def test_conflicting_class_exports_no_inventory(client: FlaskClient, metrics: Metrics) -> None:
