@@ -1,3 +1,4 @@
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +16,7 @@ from tests.builders import GPU, as_wire
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 EARLIER = "2026-11-01T08:00:00Z"
+from tests import ROOT
 
 
 def kubevirt(pci: list[str] = (), mediated: list[str] = ()) -> KubeVirtFound:  # type: ignore[assignment]
@@ -263,9 +265,6 @@ def test_transition_times_are_utc_on_a_host_in_another_zone(
 
 def test_every_condition_of_the_registry_has_its_line_in_the_docs() -> None:
     """docs/gpuclass.md's Conditions table is where a hoster learns what a condition means."""
-    from hooks.rules.class_status import ORDER
-    from tests import ROOT
-
     page = (ROOT / "docs" / "gpuclass.md").read_text()
     documented = re.findall(r"^\| `(\w+)` \|", page.split("## Conditions", 1)[1], re.M)
     assert [kind for kind in ORDER if kind not in documented] == []
