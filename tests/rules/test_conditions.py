@@ -12,11 +12,11 @@ from hooks.rules.permitted_devices import (
     permission_condition,
 )
 from hooks.wire.kube import Condition, KubeVirt
+from tests import ROOT
 from tests.builders import GPU, as_wire
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 EARLIER = "2026-11-01T08:00:00Z"
-from tests import ROOT
 
 
 def kubevirt(pci: list[str] = (), mediated: list[str] = ()) -> KubeVirtFound:  # type: ignore[assignment]
