@@ -152,35 +152,35 @@ def _observed(outcome: StatusOutcome | LicenseOutcome) -> Observation | None:
     return None
 
 
-def status_customize(service: HookInputs, body: bytes) -> Answer:
-    answer = status.customize(decode_envelope(body, CustomizeRequest), service.settings)
+def status_customize(inputs: HookInputs, body: bytes) -> Answer:
+    answer = status.customize(decode_envelope(body, CustomizeRequest), inputs.settings)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
-def status_sync(service: HookInputs, body: bytes) -> Answer:
+def status_sync(inputs: HookInputs, body: bytes) -> Answer:
     outcome = status.sync(
-        decode_composite_sync(body), service.settings, service.kubevirt, service.clock()
+        decode_composite_sync(body), inputs.settings, inputs.kubevirt, inputs.clock()
     )
     return _sync_answer(outcome)
 
 
-def license_customize(service: HookInputs, body: bytes) -> Answer:
-    answer = license.customize(decode_envelope(body, CustomizeRequest), service.settings)
+def license_customize(inputs: HookInputs, body: bytes) -> Answer:
+    answer = license.customize(decode_envelope(body, CustomizeRequest), inputs.settings)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
-def license_sync(service: HookInputs, body: bytes) -> Answer:
-    outcome = license.sync(decode_decorator_sync(body), service.settings)
+def license_sync(inputs: HookInputs, body: bytes) -> Answer:
+    outcome = license.sync(decode_decorator_sync(body), inputs.settings)
     return _sync_answer(outcome)
 
 
-def report_customize(service: HookInputs, body: bytes) -> Answer:
+def report_customize(inputs: HookInputs, body: bytes) -> Answer:
     check_report_target(decode_envelope(body, CustomizeRequest).parent, "parent")
     answer = budget_report.customize()
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
-def report_sync(service: HookInputs, body: bytes) -> Answer:
+def report_sync(inputs: HookInputs, body: bytes) -> Answer:
     """The budget report: its log line counts the pools, and its metrics are the pools' figures
     (none recorded when the sync could not tell)."""
     outcome = budget_report.sync(decode_report_sync(body))
@@ -197,12 +197,12 @@ def report_sync(service: HookInputs, body: bytes) -> Answer:
 Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
 
 
-def review_budget(review: Review, service: HookInputs, body: bytes) -> Answer:
+def review_budget(review: Review, inputs: HookInputs, body: bytes) -> Answer:
     """An AdmissionReview answered by a budget review; a review that is readable but whose object
     is not is answered (denied, saying why), so that the API server shows the reason."""
     request = decode_review(body)
     try:
-        outcome = review(request, service.budgets)
+        outcome = review(request, inputs.budgets)
     except BadRequest as error:
         denial = review_response(request.uid, False, str(error))
         return Answer(msgspec.json.encode(denial), {"outcome": "denied", "allowed": False})
@@ -227,12 +227,12 @@ def review_budget(review: Review, service: HookInputs, body: bytes) -> Answer:
 
 # Module-level functions, not closures made when this table is built: what runs for a call is
 # then looked up when the call comes, which is also what lets mutation testing reach it.
-def app_budget(service: HookInputs, body: bytes) -> Answer:
-    return review_budget(budget.review_app, service, body)
+def app_budget(inputs: HookInputs, body: bytes) -> Answer:
+    return review_budget(budget.review_app, inputs, body)
 
 
-def tenant_budget(service: HookInputs, body: bytes) -> Answer:
-    return review_budget(budget.review_tenant, service, body)
+def tenant_budget(inputs: HookInputs, body: bytes) -> Answer:
+    return review_budget(budget.review_tenant, inputs, body)
 
 
 HOOKS: tuple[Hook, ...] = (

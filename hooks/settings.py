@@ -312,10 +312,6 @@ class Settings(BaseSettings):
         allowed = self.body_timeout_seconds + length / self.body_min_bytes_per_second
         return min(allowed, self.hook_timeout_seconds)
 
-    @property
-    def default_license_namespace(self) -> str:
-        return self.license_namespaces[0]
-
     def api_base_url(self) -> str | None:
         """The API server: the setting, else in-cluster from the service environment."""
         if self.kube_api:

@@ -61,12 +61,10 @@ def test_license_namespaces_are_a_comma_separated_list(monkeypatch: pytest.Monke
     monkeypatch.setenv("GPUCLASS_LICENSE_NAMESPACES", " gpu-a, ,gpu-b,,")
     settings = Settings()
     assert settings.license_namespaces == ("gpu-a", "gpu-b")
-    assert settings.default_license_namespace == "gpu-a"
 
 
 def test_license_namespaces_default_to_the_gpu_operators() -> None:
     assert Settings().license_namespaces == ("cozy-gpu-operator",)
-    assert Settings().default_license_namespace == "cozy-gpu-operator"
 
 
 # --- what is refused, and how it reads ------------------------------------------------------------

@@ -30,7 +30,6 @@ from hooks.rules.budget.tenancy import (
 from hooks.rules.budget.usage import PoolUse, budget_usage
 from hooks.rules.classes import class_identity
 from hooks.rules.invalid import InvalidObject
-from hooks.rules.license import is_terminating
 from hooks.wire.cozystack import KIND_LABEL
 from hooks.wire.kube import ConfigMap
 from hooks.wire.metacontroller import (
@@ -201,7 +200,7 @@ def sync(request: ReportSync) -> ReportOutcome:
         for c in request.same_named.objects
         if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
     }
-    writable = {n.metadata.name for n in request.namespaces.objects if not is_terminating(n)}
+    writable = {n.metadata.name for n in request.namespaces.objects if not n.terminating}
     reports = [_report(p) for p in pools if p.namespace not in taken and p.namespace in writable]
     response = DecoratorSyncResponse(attachments=reports, status=None)
     return ReportOutcome(

@@ -97,12 +97,6 @@ def is_entitled(namespace: Namespace, label: str) -> bool:
     return namespace.metadata.labels.get(label) == "true"
 
 
-def is_terminating(namespace: Namespace) -> bool:
-    return (
-        namespace.metadata.deletion_timestamp is not None or namespace.status.phase == "Terminating"
-    )
-
-
 def _decoded_token(value: str) -> bytes | None:
     try:
         return base64.b64decode(value, validate=True)
@@ -240,7 +234,7 @@ def plan_license(
         if name in foreign or name in unmanaged:
             continue
         kept = managed.get(name)
-        if is_terminating(namespace):
+        if namespace.terminating:
             terminating.append(name)
             if kept is not None:
                 copies.append(rebuilt_copy(kept))

@@ -112,6 +112,11 @@ class Namespace(_Wire, frozen=True):
     metadata: ObjectMeta = ObjectMeta()
     status: NamespaceStatus = NamespaceStatus()
 
+    @property
+    def terminating(self) -> bool:
+        """Being deleted: nothing new may be made in it."""
+        return self.metadata.deletion_timestamp is not None or self.status.phase == "Terminating"
+
 
 class Secret(_Wire, frozen=True):
     metadata: ObjectMeta = ObjectMeta()

@@ -42,47 +42,47 @@ KIB = 1024
 
 
 # Handlers travel to the child by reference, so the test hooks are module-level functions.
-def digest(service: HookInputs, body: bytes) -> Answer:
+def digest(inputs: HookInputs, body: bytes) -> Answer:
     return Answer(b"{}", {"sha256": hashlib.sha256(body).hexdigest(), "length": len(body)})
 
 
-def raises(service: HookInputs, body: bytes) -> Answer:
+def raises(inputs: HookInputs, body: bytes) -> Answer:
     raise RuntimeError("a message that quotes the input: secret-token-value")
 
 
-def dies(service: HookInputs, body: bytes) -> Answer:
+def dies(inputs: HookInputs, body: bytes) -> Answer:
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
 
 
-def exits(service: HookInputs, body: bytes) -> Answer:
+def exits(inputs: HookInputs, body: bytes) -> Answer:
     os._exit(3)
 
 
-def cuts_its_pipe_and_lingers(service: HookInputs, body: bytes) -> Answer:
+def cuts_its_pipe_and_lingers(inputs: HookInputs, body: bytes) -> Answer:
     os.closerange(3, 4096)  # the serving process sees the child gone, yet it runs on
     time.sleep(60)
     raise AssertionError("unreachable")
 
 
-def cuts_its_pipe_and_exits(service: HookInputs, body: bytes) -> Answer:
+def cuts_its_pipe_and_exits(inputs: HookInputs, body: bytes) -> Answer:
     os.closerange(3, 4096)
     time.sleep(0.3)
     os._exit(4)
 
 
-def hangs(service: HookInputs, body: bytes) -> Answer:
+def hangs(inputs: HookInputs, body: bytes) -> Answer:
     time.sleep(60)
     raise AssertionError("unreachable")
 
 
-def reads_budgets(service: HookInputs, body: bytes) -> Answer:
-    service.budgets.classes()
+def reads_budgets(inputs: HookInputs, body: bytes) -> Answer:
+    inputs.budgets.classes()
     raise AssertionError("unreachable")
 
 
-def reads_kubevirt_twice(service: HookInputs, body: bytes) -> Answer:
-    views = [service.kubevirt(), service.kubevirt()]
+def reads_kubevirt_twice(inputs: HookInputs, body: bytes) -> Answer:
+    views = [inputs.kubevirt(), inputs.kubevirt()]
     return Answer(b"{}", {"views": [type(v).__name__ for v in views]})
 
 
@@ -482,7 +482,7 @@ def test_the_reservation_is_held_while_the_child_computes(settings: Settings) ->
     assert memory.reserved_bytes == 0
 
 
-def niceness(service: HookInputs, body: bytes) -> Answer:
+def niceness(inputs: HookInputs, body: bytes) -> Answer:
     return Answer(b"{}", {"niceness": os.nice(0)})
 
 

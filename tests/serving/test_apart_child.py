@@ -76,7 +76,7 @@ def facts_of(ended: tuple[Any, ...] | None) -> dict[str, Any]:
 
 
 def test_the_child_answers_the_body_it_was_handed(settings: Settings) -> None:
-    def echo(service: HookInputs, body: bytes) -> Answer:
+    def echo(inputs: HookInputs, body: bytes) -> Answer:
         return Answer(bytes(body), {"length": len(body)}, about={"x": "y"})
 
     ended = served_here(echo, b'{"a": 1}', settings)
@@ -105,7 +105,7 @@ def test_the_child_maps_a_large_body_read_only_and_whole(settings: Settings) -> 
 
 
 def test_the_child_reads_only_the_declared_length(settings: Settings) -> None:
-    def length(service: HookInputs, body: bytes) -> Answer:
+    def length(inputs: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"length": len(body), "tail": bytes(body[-2:])})
 
     assert facts_of(served_here(length, b"abcdef", settings, length=4)) == {
@@ -115,26 +115,26 @@ def test_the_child_reads_only_the_declared_length(settings: Settings) -> None:
 
 
 def test_the_child_hands_an_empty_body_as_empty_bytes(settings: Settings) -> None:
-    def kind(service: HookInputs, body: bytes) -> Answer:
+    def kind(inputs: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"body": body})
 
     assert facts_of(served_here(kind, b"", settings)) == {"body": b""}
 
 
 def test_a_child_handed_no_body_sends_nothing(settings: Settings) -> None:
-    def never(service: HookInputs, body: bytes) -> Answer:
+    def never(inputs: HookInputs, body: bytes) -> Answer:
         raise AssertionError("called without a body")
 
     assert served_here(never, None, settings) is None
 
 
 def test_the_child_sees_the_settings_and_the_time_it_was_given(settings: Settings) -> None:
-    def seen(service: HookInputs, body: bytes) -> Answer:
+    def seen(inputs: HookInputs, body: bytes) -> Answer:
         return Answer(
             b"{}",
             {
-                "settings": service.settings is not None and service.settings == settings,
-                "now": service.clock(),
+                "settings": inputs.settings is not None and inputs.settings == settings,
+                "now": inputs.clock(),
             },
         )
 
@@ -150,8 +150,8 @@ def test_the_child_asks_the_serving_process_for_the_kubevirt_view_each_time(
         asked.append(1)
         return KubeVirtAbsent(f"read {len(asked)}")
 
-    def twice(service: HookInputs, body: bytes) -> Answer:
-        views = [service.kubevirt(), service.kubevirt()]
+    def twice(inputs: HookInputs, body: bytes) -> Answer:
+        views = [inputs.kubevirt(), inputs.kubevirt()]
         return Answer(b"{}", {"views": [str(v) for v in views]})
 
     facts = facts_of(served_here(twice, b"{}", settings, kubevirt=view))
@@ -162,7 +162,7 @@ def test_the_child_asks_the_serving_process_for_the_kubevirt_view_each_time(
 def test_the_child_computes_at_a_lower_priority(settings: Settings) -> None:
     here = os.getpriority(os.PRIO_PROCESS, 0)
 
-    def niceness(service: HookInputs, body: bytes) -> Answer:
+    def niceness(inputs: HookInputs, body: bytes) -> Answer:
         return Answer(b"{}", {"niceness": os.getpriority(os.PRIO_PROCESS, 0)})
 
     facts = facts_of(served_here(niceness, b"{}", settings))
@@ -170,7 +170,7 @@ def test_the_child_computes_at_a_lower_priority(settings: Settings) -> None:
 
 
 def test_a_bad_request_in_the_child_comes_back_with_its_words(settings: Settings) -> None:
-    def bad(service: HookInputs, body: bytes) -> Answer:
+    def bad(inputs: HookInputs, body: bytes) -> Answer:
         raise BadRequest("related: not an object")
 
     assert served_here(bad, b"{}", settings) == ("bad_request", "related: not an object")
@@ -188,7 +188,7 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
     def first(body: bytes) -> None:
         second(body)
 
-    def fails(service: HookInputs, body: bytes) -> Answer:
+    def fails(inputs: HookInputs, body: bytes) -> Answer:
         first(body)
         raise AssertionError("unreachable")
 
@@ -220,7 +220,7 @@ def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings)
     body_out, body_in = socket.socketpair()
     started = threading.Event()
 
-    def slow(service: HookInputs, body: bytes) -> Answer:
+    def slow(inputs: HookInputs, body: bytes) -> Answer:
         started.set()
         time.sleep(0.2)
         return Answer(b"{}", {})
@@ -295,8 +295,8 @@ def test_forgetting_no_fork_server_is_harmless() -> None:
 def test_a_hook_in_the_child_that_reads_budgets_fails_saying_it_is_not_pure(
     settings: Settings,
 ) -> None:
-    def reads_budgets(service: HookInputs, body: bytes) -> Answer:
-        service.budgets.classes()
+    def reads_budgets(inputs: HookInputs, body: bytes) -> Answer:
+        inputs.budgets.classes()
         raise AssertionError("unreachable")
 
     ended = served_here(reads_budgets, b"{}", settings)
