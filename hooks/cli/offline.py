@@ -417,10 +417,13 @@ def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: 
 def render_budgets(budgets: list[dict[str, Any]]) -> str:
     """Every GPU budget pool, a row per key: the figures its ConfigMap gpu-budget holds."""
     rows = [["TENANT", "NAMESPACE", "KEY", "BUDGET", "CARVED OUT", "RESERVED", "LEFT"]]
-    unknown = []
+    unknown, unclassed = [], []
     for pool in budgets:
         if pool["unreadable"] is not None:
             unknown.append(f"  {pool['tenant']} ({pool['namespace']}): {pool['unreadable']}")
+        held = ", ".join(f"{u['resource']} {u['devices']}" for u in pool["unclassed"])
+        if held:
+            unclassed.append(f"  {pool['tenant']} ({pool['namespace']}): {held}")
         for use in pool["keys"]:
             figures = [use["budget"], use["carvedOut"], use["reserved"], use["left"]]
             rows.append([pool["tenant"], pool["namespace"], use["key"], *map(str, figures)])
@@ -429,6 +432,8 @@ def render_budgets(budgets: list[dict[str, Any]]) -> str:
     out = ["\nGPU budgets:", table(rows)] if len(rows) > 1 else ["\nGPU budgets:"]
     if unknown:
         out += ["Pools whose figures cannot be known:", *unknown]
+    if unclassed:
+        out += ["Devices no GPUClass names (counted under the total key):", *unclassed]
     return "\n".join(out)
 
 

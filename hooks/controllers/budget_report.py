@@ -18,6 +18,7 @@ from typing import Literal
 import msgspec
 
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
+from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
@@ -123,6 +124,9 @@ def report_document(pool: PoolUse) -> dict[str, object]:
             }
             for app in pool.apps
         ],
+        "unclassed": [
+            {"resource": resource, "devices": devices} for resource, devices in pool.unclassed
+        ],
         "unreadable": pool.unreadable,
     }
 
@@ -139,6 +143,9 @@ def report_table(pool: PoolUse) -> str:
     for app in pool.apps:
         reserves = ", ".join(f"{key} {units}" for key, units in app.units)
         lines.append(f"{app.kind} {app.namespace}/{app.name}: {reserves}")
+    if pool.unclassed:
+        held = ", ".join(f"{resource} {devices}" for resource, devices in pool.unclassed)
+        lines.append(f"devices no GPUClass names, counted under {TOTAL_KEY}: {held}")
     return "\n".join(lines) + "\n"
 
 

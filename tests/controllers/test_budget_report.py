@@ -28,6 +28,8 @@ CONFIGMAPS = "ConfigMap.v1"
 NAMESPACES = "Namespace.v1"
 TOTAL = "gpuclass.cozystack.io/devices"
 L40S_KEY = "l40s-24q.gpuclass.cozystack.io/devices"
+L40S = "nvidia.com/NVIDIA_L40S-24Q"
+GPUCLASSES = "GPUClass.cozystack.io/v1alpha1"
 
 
 @pytest.fixture
@@ -103,6 +105,7 @@ def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
             {"key": L40S_KEY, "budget": 0, "carvedOut": 0, "reserved": 0, "left": 0},
         ],
         "apps": [],
+        "unclassed": [],
         "unreadable": None,
     }
     assert "render" not in json.dumps(lab) and "acme/" not in json.dumps(lab)
@@ -349,3 +352,19 @@ def test_the_reports_the_metrics_and_plan_give_the_models_figures(
     planned = run_plan(str(dump), "-o", "json")
     assert planned.returncode == 0, planned.stderr
     assert {d["namespace"]: d["keys"] for d in json.loads(planned.stdout)["budgets"]} == model
+
+
+def test_devices_no_class_names_are_listed_apart_and_count_under_the_total_key(
+    client: FlaskClient,
+) -> None:
+    """A class deleted while a VM holds its devices: the devices stay in the pool's total, listed
+    by the resource they were reserved under (docs/gpu-budgets.md, "Classes change")."""
+    body = example()
+    classes = body["related"][GPUCLASSES]
+    body["related"][GPUCLASSES] = {k: v for k, v in classes.items() if k != "l40s-24q"}
+    acme = document(reports(client, body)["tenant-acme"])
+    [total] = [use for use in acme["keys"] if use["key"] == TOTAL]
+    assert total["reserved"] == 3
+    assert acme["unclassed"] == [{"resource": L40S, "devices": 2}]
+    table = reports(client, body)["tenant-acme"]["data"]["budget.txt"]
+    assert f"devices no GPUClass names, counted under {TOTAL}: {L40S} 2" in table

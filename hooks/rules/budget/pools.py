@@ -50,7 +50,7 @@ class Pools:
 
     def root(self, namespace: str | None) -> str | None:
         if namespace not in self._roots:
-            self._roots[namespace] = pool_root(self.bounded, namespace)
+            self._roots[namespace] = pool_root(self.tenants, namespace)
         return self._roots[namespace]
 
     def may_apply(self, namespace: str) -> bool:
@@ -77,7 +77,8 @@ class Pools:
         return sum(tenant.units(key) for tenant in self.carving(root).values())
 
     def members(self, root: str) -> list[App]:
-        """Members: the apps of every namespace whose pool root is this one."""
+        """Members: the apps of every namespace whose pool root is this one (`pool_root`: only
+        namespaces a Tenant release names are members)."""
         if self._members is None:
             self._members = {}
             for app in self.apps:
@@ -178,10 +179,18 @@ def bounded_owners(owned: Mapping[str, Tenant]) -> dict[str, Tenant]:
     return {namespace: tenant for namespace, tenant in owned.items() if tenant.bounded}
 
 
-def pool_root(bounded: Mapping[str, Tenant], namespace: str | None) -> str | None:
-    """Pool root: the first bounded tenant namespace walking up from the namespace."""
+def pool_root(owned: Mapping[str, Tenant], namespace: str | None) -> str | None:
+    """Pool root: the first bounded tenant namespace walking up from the namespace, through
+    namespaces that Tenant releases name. The membership rule: a namespace no Tenant release names
+    (`tenant-a-gone`, whose release is gone: the Tenant chart owns it, so it is being deleted)
+    belongs to no pool, and neither does anything below it. The webhook's reads follow Tenant
+    releases down from a pool's root; the report, the metrics and `plan` see every release, and
+    this one walk makes them count the same members."""
     while namespace is not None:
-        if namespace in bounded:
+        tenant = owned.get(namespace)
+        if tenant is None:
+            return None
+        if tenant.bounded:
             return namespace
         namespace = parent_namespace(namespace)
     return None

@@ -22,16 +22,25 @@ def class_for_resource(resource: str, classes: Iterable[ClassIdentity]) -> Class
 
 @dataclass(frozen=True)
 class Reservation:
-    """What an app reserves per budget key (the total key included), and the devices of entries
-    that map to no class: their resource names, and how many devices they stand for (counted, not
-    repeated: maxReplicas is the tenant's to choose)."""
+    """What an app reserves per budget key (the total key included), and, apart, the devices of
+    entries that map to no class, by the resource they name (their class was deleted, or is not
+    made yet). Those still count under the total key: devices in use never leave the accounting
+    because a class went away."""
 
     keys: Mapping[str, int] = field(default_factory=dict)
-    unmapped: frozenset[str] = frozenset()
-    unmapped_devices: int = 0
+    unclassed: Mapping[str, int] = field(default_factory=dict)
 
     def get(self, key: str) -> int:
         return self.keys.get(key, 0)
+
+    @property
+    def unmapped(self) -> frozenset[str]:
+        """The resources of entries that map to no class."""
+        return frozenset(self.unclassed)
+
+    @property
+    def unmapped_devices(self) -> int:
+        return sum(self.unclassed.values())
 
 
 def replicas(app: App) -> int:
@@ -45,24 +54,27 @@ def replicas(app: App) -> int:
 
 def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservation:
     """Declared sizes, not use: a VM reserves its entries per class (a halted VM too), a worker
-    pool its entries times its size (`replicas`)."""
+    pool its entries times its size (`replicas`); entries of no class under the total key."""
     if app is None:
         return Reservation()
     classes = tuple(classes)
     per_class: Counter[str] = Counter()
-    unmapped = []
+    per_resource: Counter[str] = Counter()
     for resource in app.gpus:
         owner = class_for_resource(resource, classes)
         if owner is None:
-            unmapped.append(resource)
+            per_resource[resource] += 1
         else:
             per_class[class_key(owner.name)] += 1
     times = replicas(app)
     keys = {key: count * times for key, count in per_class.items()}
-    total = sum(keys.values())
+    unclassed = {
+        resource: count * times for resource, count in per_resource.items() if count * times
+    }
+    total = sum(keys.values()) + sum(unclassed.values())
     if total:
         keys[TOTAL_KEY] = total
-    return Reservation(keys, frozenset(unmapped), len(unmapped) * times)
+    return Reservation(keys, unclassed)
 
 
 def cannot_grow(new: App, old: App | None) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 
-from hooks.rules.budget.pools import bounded_owners, owners, pool_root
+from hooks.rules.budget.pools import owners, pool_root
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant, owner_of
 from hooks.wire.names import is_dns_label
 
@@ -86,8 +86,8 @@ def scoped_reads(namespaces: Iterable[str]) -> Reads:
         if names - canonical:
             add((yield UnnamedTenants(release_namespace)))
 
-    bounded = bounded_owners(owners(t for t in found.values() if isinstance(t, Tenant)))
-    starts = [root for root in (pool_root(bounded, n) for n in scope) if root is not None]
+    owned = owners(t for t in found.values() if isinstance(t, Tenant))
+    starts = [root for root in (pool_root(owned, n) for n in scope) if root is not None]
     pending = list(dict.fromkeys([*starts, *scope]))
     visited: set[str] = set()
     while pending:

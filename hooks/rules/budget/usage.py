@@ -10,6 +10,7 @@ people to read; the webhook never trusts it and reads fresh on every review.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ class PoolUse:
     keys: tuple[KeyUse, ...]
     apps: tuple[AppUse, ...] = ()
     unreadable: str | None = None
+    # devices of resources no GPUClass names, by that resource: counted under the total key
+    unclassed: tuple[tuple[str, int], ...] = ()
 
     @property
     def over_budget(self) -> tuple[KeyUse, ...]:
@@ -66,11 +69,15 @@ def budget_usage(tenancy: Tenancy, classes: Iterable[ClassIdentity]) -> tuple[Po
         declared = sorted(budget)
         keys = tuple(pools.key_use(root, key, known) for key in declared)
         apps = []
+        unclassed: Counter[str] = Counter()
         for app in pools.members(root):
             held = reservation(app, known)
             units = tuple((key, held.get(key)) for key in declared if held.get(key))
             if units:
                 apps.append(AppUse(app.kind, app.namespace, app.name, units))
+            unclassed.update(held.unclassed)
         apps.sort(key=lambda a: (a.namespace, a.kind, a.name))
-        report.append(PoolUse(root, tenant, keys, tuple(apps)))
+        report.append(
+            PoolUse(root, tenant, keys, tuple(apps), unclassed=tuple(sorted(unclassed.items())))
+        )
     return tuple(report)

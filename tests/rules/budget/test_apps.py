@@ -267,7 +267,7 @@ def test_a_vm_and_a_worker_pool_of_one_name_each_reserve() -> None:
 def test_an_app_several_releases_store_fails_closed_naming_the_first_two_in_a_pool() -> None:
     new = vm("tenant-a", "v", L40S)
     stored = [release_of(new, name) for name in ("vm-instance-v", "v-copy", "v-old")]
-    tenants = [root(gpuclass__cozystack__io__devices=4)]
+    tenants = [root(gpuclass__cozystack__io__devices=4), tenant("tenant-root", "a")]
     edit = vm("tenant-a", "v")
     verdict = check_app(new=new, old=edit, apps=stored, tenants=tenants, classes=CLASSES)
     assert verdict == Verdict(
