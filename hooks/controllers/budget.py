@@ -41,6 +41,7 @@ from hooks.wire.cozystack import (
     TenantObject,
     decode_app_object,
     decode_tenant_object,
+    object_sets_reservation,
 )
 from hooks.wire.kube import is_absent
 from hooks.wire.problems import BadRequest, Unreadable
@@ -163,7 +164,10 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
         return new_obj
     old_obj = _old_object(request, decode_app_object)
     name = _name(request, new_obj)
-    new = app_from(new_obj.spec, request.namespace, kind, name)
+    new = replace(
+        app_from(new_obj.spec, request.namespace, kind, name),
+        sized=object_sets_reservation(request.object, kind == KUBERNETES_NODES),
+    )
     old = with_spec(new, old_obj.spec) if old_obj else None
     if cannot_grow(new, old):
         return _outcome(request, ALLOWED)
@@ -189,9 +193,14 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
     if not _ours(request, (TENANT,)):
         return _outcome(request, ALLOWED)
     # (The pool a tenant carves out of is that of the namespace its release lives in.)
-    new_obj = _object_under_review(request, inputs, decode_tenant_object)
-    if isinstance(new_obj, BudgetOutcome):
-        return new_obj
+    try:
+        new_obj = _new_object(request, decode_tenant_object)
+    except BadRequest as undecodable:
+        if is_absent(request.object):
+            raise
+        # Refused wherever it is declared, with or without a pool above: stored, no reader
+        # could decode it, and the tenant's own pool would be unreadable (its growth locked).
+        return _outcome(request, Verdict(False, str(undecodable)))
     old_obj = _old_object(request, decode_tenant_object)
     name = _name(request, new_obj)
     quotas = new_obj.spec.resource_quotas

@@ -46,6 +46,40 @@ class _Gpus(_Cozystack):
     gpus: list[msgspec.Raw] = []
 
 
+class _Sizes(_Cozystack):
+    """Which of the fields an app's reservation reads its values set at all."""
+
+    gpus: list[msgspec.Raw] | msgspec.UnsetType | None = msgspec.UNSET
+    max_replicas: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    min_replicas: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+def sets_reservation(values: msgspec.Raw, worker_pool: bool) -> bool:
+    """Whether an app's values set everything its reservation reads: its `gpus` and, for a
+    worker pool that lists any, both its size bounds. Flux merges a release's `values` over what
+    it takes from elsewhere (`valuesFrom`), a list replaced whole: values that set these decide
+    the reservation, whatever the referenced object holds."""
+    try:
+        sizes = decoded(_SIZES, values)
+    except Undecodable:
+        return False
+    if isinstance(sizes.gpus, msgspec.UnsetType) or sizes.gpus is None:
+        return False
+    if not sizes.gpus or not worker_pool:
+        return True
+    unset = msgspec.UnsetType
+    return not isinstance(sizes.max_replicas, unset) and not isinstance(sizes.min_replicas, unset)
+
+
+def object_sets_reservation(raw: msgspec.Raw, worker_pool: bool) -> bool:
+    """`sets_reservation` of an app object's spec."""
+    try:
+        head = decoded(_OBJECT_HEAD, raw)
+    except Undecodable:
+        return False
+    return sets_reservation(head.spec, worker_pool)
+
+
 class TenantSpec(_Cozystack):
     """The field of a Tenant's spec (or its HelmRelease's values) the budgets read."""
 
@@ -117,9 +151,25 @@ def app_spec(raw: msgspec.Raw, at: str) -> AppSpec:
         raise
 
 
+class _Quotas(_Cozystack):
+    """A Tenant's quotas with their values still raw: which one does not decode."""
+
+    resource_quotas: dict[str, msgspec.Raw] = {}
+
+
 def tenant_spec(raw: msgspec.Raw, at: str) -> TenantSpec:
-    """A Tenant's spec (`at` names where it sits, for the message)."""
-    return decoded(_TENANT_SPEC, raw, at)
+    """A Tenant's spec (`at` names where it sits, for the message). A quota whose value is no
+    quantity (`[4]`, `{"a": 1}`) is named by its key."""
+    try:
+        return decoded(_TENANT_SPEC, raw, at)
+    except Undecodable as whole:
+        try:
+            quotas = decoded(_QUOTAS, raw, at).resource_quotas
+        except Undecodable:
+            raise whole from None
+        for key in sorted(quotas):
+            decoded(_QUOTA_VALUE, quotas[key], f"{at}.resourceQuotas.{key}")
+        raise
 
 
 def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
@@ -158,4 +208,7 @@ def _spec_of(read: Callable[[msgspec.Raw, str], S], head: ObjectHead, field: str
 _OBJECT_HEAD = msgspec.json.Decoder(ObjectHead)
 _APP_SPEC = msgspec.json.Decoder(AppSpec)
 _GPUS = msgspec.json.Decoder(_Gpus)
+_SIZES = msgspec.json.Decoder(_Sizes)
 _TENANT_SPEC = msgspec.json.Decoder(TenantSpec)
+_QUOTAS = msgspec.json.Decoder(_Quotas)
+_QUOTA_VALUE: msgspec.json.Decoder[QuotaValue] = msgspec.json.Decoder(QuotaValue)

@@ -126,13 +126,8 @@ class ClassesUnlistable(Inputs):
             Unlistable([POOL_A]),
             "HelmReleases",
         ),
-        (
-            request(admission_review("Tenant", "tenant-root", "a", {"resourceQuotas": "x"})),
-            Unlistable([POOL_A]),
-            "HelmReleases",
-        ),
     ],
-    ids=["app", "app-classes", "declaration", "undecodable-app", "undecodable-tenant"],
+    ids=["app", "app-classes", "declaration", "undecodable-app"],
 )
 def test_every_review_fails_closed_when_an_input_it_needs_cannot_be_read(
     review: AdmissionRequest, inputs: Inputs, unread: str

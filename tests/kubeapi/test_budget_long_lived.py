@@ -423,19 +423,55 @@ def test_a_tenant_release_with_values_from_fails_closed_where_its_quotas_count(
     )
 
 
-def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere_fails_closed(
+def test_a_release_with_values_from_whose_values_set_its_gpus_is_counted_from_them(
     apiserver: FakeApiServer,
 ) -> None:
-    """Flux merges the ConfigMap's values under the new ones (a worker pool's minReplicas, say):
-    the object under review is not the whole of what will be stored."""
-    own = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}))
+    """Flux merges `values` over `valuesFrom`, a list replaced whole: a VM release whose values
+    set `gpus` reserves those, whatever the ConfigMap holds (and a worker pool's values set its
+    size bounds too)."""
+    declared = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, declared)
+    assert verdict_of(vm("tenant-a", "w", GPU), budgets).allowed is True
+    over = verdict_of(vm("tenant-a", "w", GPU, GPU), budgets)
+    assert (over.allowed, over.message.split(",")[0]) == (
+        False,
+        "gpuclass.cozystack.io/devices: this VMInstance needs 2",
+    )
+    sized = {"gpus": gpus(GPU), "maxReplicas": 1, "minReplicas": 1}
+    pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", sized))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
+    assert verdict_of(vm("tenant-a", "w", GPU), budgets).allowed is True
+    unsized = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {"gpus": gpus(GPU)}))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, unsized)
+    assert verdict_of(vm("tenant-a", "w", GPU), budgets).message.endswith(
+        "HelmRelease tenant-a/kubernetes-nodes-p: spec.valuesFrom: values from a ConfigMap or "
+        "Secret, which the webhook does not read"
+    )
+
+
+def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere(
+    apiserver: FakeApiServer,
+) -> None:
+    """Flux merges the ConfigMap's values under the new ones: the update is judged when the new
+    values set all the reservation reads, and fails closed where its size may come from the
+    ConfigMap (a worker pool without its minReplicas)."""
+    own = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, own)
     edit = vm("tenant-a", "v", GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU)})
-    verdict = verdict_of(edit, budgets)
+    assert verdict_of(edit, budgets).allowed is True
+    pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {}))
+    budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
+    body = admission_review(
+        "KubernetesNodes", "tenant-a", "p", {"gpus": gpus(GPU), "maxReplicas": 1},
+        operation="UPDATE", old_spec={"gpus": gpus(GPU), "maxReplicas": 1},
+    )  # fmt: skip
+    grown = {"gpus": gpus(GPU, GPU), "maxReplicas": 1}
+    body["request"]["object"]["spec"] = grown
+    verdict = verdict_of(decode_review(msgspec.json.encode(body)), budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
-        "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-v: spec.valuesFrom: "
-        "values from a ConfigMap or Secret, which the webhook does not read",
+        "GPU budget check failed closed: HelmRelease tenant-a/kubernetes-nodes-p: "
+        "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not read",
     )
     quotas = with_values_from(
         helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}})

@@ -49,7 +49,9 @@ class AppCheck:
         new, stored, pools = self.new, self.stored, self.pools
 
         def decide() -> Verdict:
-            partial = [app for app in stored if app.values_from]
+            # Flux merges what the stored release takes from elsewhere under the new values:
+            # known only where the new values set all the reservation reads.
+            partial = [app for app in stored if app.values_from and not new.sized]
             if partial and pools.root(new.namespace) is not None:
                 raise FailedClosed(partial[0].unreadable or partial[0].release)
             if len(stored) > 1 and pools.root(new.namespace) is not None:
@@ -63,13 +65,13 @@ class AppCheck:
 
 
 def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
-    """The releases that store the app under review: those carrying its identity. A CREATE has
-    no stored self (a release that already carries the identity is another release, and keeps
-    its reservation), and neither has an app without a name yet (`generateName`), which would
+    """The releases that store the app under review (`App.stores`). A CREATE has no stored self
+    (a release that already carries the identity is another release, and keeps its
+    reservation), and neither has an app without a name yet (`generateName`), which would
     otherwise match every release without a name label."""
     if creating or not new.name:
         return []
-    return [app for app in apps if app.identity == new.identity]
+    return [app for app in apps if app.stores(new)]
 
 
 @dataclass(frozen=True)

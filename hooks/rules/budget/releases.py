@@ -11,7 +11,14 @@ from dataclasses import replace
 import msgspec
 
 from hooks.rules.budget.keys import quota_problem, tenant_declaration
-from hooks.rules.budget.tenancy import TENANT, App, Tenant, app_from, tenant_from_release
+from hooks.rules.budget.tenancy import (
+    KUBERNETES_NODES,
+    TENANT,
+    App,
+    Tenant,
+    app_from,
+    tenant_from_release,
+)
 from hooks.wire.cozystack import (
     KIND_LABEL,
     NAME_LABEL,
@@ -20,6 +27,7 @@ from hooks.wire.cozystack import (
     ReleaseHead,
     TenantSpec,
     app_spec,
+    sets_reservation,
     tenant_spec,
 )
 from hooks.wire.problems import Undecodable, decoded
@@ -38,9 +46,13 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
         read_values = tenant_spec if kind == TENANT else app_spec
         values = read_values(release.spec.values, "spec.values")
         problem = None
-        values_from = bool(release.spec.values_from)
+        # Its values are only partly here: never counted as holding nothing, unless its own
+        # values set all its reservation reads (Flux merges them over the referenced ones). A
+        # Tenant's quotas are a map, merged key by key: any may come from elsewhere.
+        values_from = bool(release.spec.values_from) and (
+            kind == TENANT or not sets_reservation(release.spec.values, kind == KUBERNETES_NODES)
+        )
         if values_from:
-            # Its values are only partly here: never counted as holding nothing.
             problem = (
                 "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not "
                 "read"

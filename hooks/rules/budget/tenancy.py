@@ -19,6 +19,8 @@ ROOT_TENANT = "root"
 VM_INSTANCE = "VMInstance"
 KUBERNETES_NODES = "KubernetesNodes"
 TENANT = "Tenant"
+# How Cozystack names an app's HelmRelease: the prefix of its kind, then the app's name.
+RELEASE_PREFIX = {VM_INSTANCE: "vm-instance-", KUBERNETES_NODES: "kubernetes-nodes-"}
 
 
 def parent_namespace(namespace: str | None) -> str | None:
@@ -127,10 +129,20 @@ class App:
     min_replicas: int | None = None
     release: str = ""
     values_from: bool = False  # part of its values lives elsewhere (Flux's `spec.valuesFrom`)
+    sized: bool = False  # its values set all its reservation reads (the object under review)
 
     @property
     def identity(self) -> tuple[str, str, str]:
         return (self.namespace, self.kind, self.name)
+
+    def stores(self, other: App) -> bool:
+        """This release stores the app `other` (under review): it carries its name label, or it
+        carries none and is named as Cozystack names that app's release (`vm-instance-<name>`),
+        as a Tenant release without its label is named by its release name."""
+        if self.name:
+            return self.identity == other.identity
+        canonical = RELEASE_PREFIX.get(other.kind, "\0") + other.name
+        return (self.namespace, self.kind, self.release) == (other.namespace, other.kind, canonical)
 
     @property
     def release_key(self) -> tuple[str, str]:
