@@ -1,0 +1,335 @@
+"""The budget report and the webhook agree on every tenancy (docs/gpu-budgets.md, "One membership
+rule"): for each pool and key the report shows, a VM needing the report's `left` is admitted and
+one needing `left + 1` is denied; a pool the report cannot figure, the webhook fails closed in.
+
+The report is computed by its own sync (`hooks.controllers.budget_report.sync`) over every release
+of the cluster, as Metacontroller sends them; the webhook reads only what its scoped reads ask for
+(`hooks.rules.budget.scope`), from the same releases. The tenancies are generated with what a
+long-lived cluster holds: namespaces whose Tenant release is gone, devices of a class the hoster
+deleted or whose resource changed, worker pools, bounded and unbounded sub-tenants.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from hooks.controllers import budget_report
+from hooks.controllers.budget import review_app, review_tenant
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.tenancy import Tenancy
+from hooks.rules.budget.usage import PoolUse
+from hooks.rules.classes import ClassIdentity
+from hooks.wire.metacontroller import (
+    REPORT_TARGET_API_VERSION,
+    REPORT_TARGET_KIND,
+    decode_report_sync,
+)
+from tests.builders import scoped_tenancy
+from tests.profiles import examples
+from tests.rules.budget.test_invariant import (
+    KIND_LABEL,
+    NAME_LABEL,
+    PREFIX,
+    LegacyReleases,
+    Release,
+    decode,
+    request,
+)
+
+L40S, H100, SPARE = "nvidia.com/L40S", "nvidia.com/H100", "nvidia.com/SPARE"
+L40S_NEW = "nvidia.com/L40S-NEW"  # what class l40s names once its resource was changed
+L40S_CLASS = ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, L40S)
+H100_CLASS = ClassIdentity("h100", "2026-01-02T00:00:00Z", False, H100)
+# A class no tenant declares a key of: its devices grow the total key alone.
+SPARE_CLASS = ClassIdentity("spare", "2026-01-03T00:00:00Z", False, SPARE)
+KEYS = (TOTAL_KEY, class_key("l40s"), class_key("h100"))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster's releases and classes, read by the report and by the webhook."""
+
+    releases: tuple[Release, ...]
+    classes_: tuple[ClassIdentity, ...] = (L40S_CLASS, H100_CLASS, SPARE_CLASS)
+
+    # what the webhook reads
+    def classes(self) -> list[ClassIdentity]:
+        return list(self.classes_)
+
+    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+        return scoped_tenancy(LegacyReleases(self.releases), namespaces)
+
+    # what the report's sync is sent
+    def report(self) -> dict[str, PoolUse]:
+        def release(r: Release) -> dict[str, Any]:
+            decoded: dict[str, Any] = json.loads(bytes(r.raw()))
+            return {"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease", **decoded}
+
+        def gpuclass(c: ClassIdentity) -> dict[str, Any]:
+            meta = {"name": c.name, "creationTimestamp": c.created}
+            return {
+                "apiVersion": "cozystack.io/v1alpha1",
+                "kind": "GPUClass",
+                "metadata": meta,
+                "spec": {"resourceName": c.resource_name},
+            }
+
+        body = {
+            "object": {
+                "apiVersion": REPORT_TARGET_API_VERSION,
+                "kind": REPORT_TARGET_KIND,
+                "metadata": {"name": "hooks"},
+            },
+            "attachments": {"ConfigMap.v1": {}},
+            "related": {
+                "HelmRelease.helm.toolkit.fluxcd.io/v2": {
+                    f"{r.namespace}/{r.name}": release(r) for r in self.releases
+                },
+                "GPUClass.cozystack.io/v1alpha1": {c.name: gpuclass(c) for c in self.classes_},
+                "ConfigMap.v1": {},
+                "Namespace.v1": {},
+            },
+        }
+        outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))
+        assert outcome.pools is not None
+        return {pool.namespace: pool for pool in outcome.pools}
+
+    def declared(self, namespace: str) -> set[str]:
+        """The budget keys the tenant owning the namespace declares."""
+        return {
+            key
+            for r in self.releases
+            if r.kind == "Tenant" and r.label and own(r.namespace, r.label) == namespace
+            for key in r.values.get("resourceQuotas", {})
+            if key in KEYS
+        }
+
+    def admits(self, namespace: str, resource: str, count: int) -> tuple[bool, str]:
+        """The webhook's verdict on a new VM of `count` devices of `resource` there."""
+        spec = {"gpus": [{"name": resource}] * count}
+        verdict = review_app(decode(request("VMInstance", namespace, "probe", spec, None)), self)
+        return verdict.verdict.allowed, verdict.verdict.message
+
+
+def tenant(namespace: str, name: str, quotas: dict[str, int] | None = None) -> Release:
+    values = {"resourceQuotas": {k: str(v) for k, v in quotas.items()}} if quotas else {}
+    return Release(namespace, f"tenant-{name}", "Tenant", name, values)
+
+
+def app(namespace: str, name: str, *gpus: str, **sizes: int) -> Release:
+    kind = "KubernetesNodes" if sizes else "VMInstance"
+    values = {"gpus": [{"name": g} for g in gpus], **sizes}
+    return Release(namespace, f"{PREFIX[kind]}-{name}", kind, name, values)
+
+
+def own(release_namespace: str, name: str) -> str:
+    if release_namespace == "tenant-root":
+        return "tenant-root" if name == "root" else f"tenant-{name}"
+    return f"{release_namespace}-{name}"
+
+
+def probes(tenancy: Cluster) -> list[tuple[str, str]]:
+    """Each key, and a resource whose devices grow it (and the total key) alone."""
+    classed = {c.resource_name for c in tenancy.classes_}
+    pairs = ((TOTAL_KEY, SPARE), (KEYS[1], L40S), (KEYS[2], H100))
+    return [(key, resource) for key, resource in pairs if resource in classed]
+
+
+def agreement(tenancy: Cluster) -> list[str]:
+    """Every disagreement between the report and the webhook, in words."""
+    found = []
+    for namespace, pool in tenancy.report().items():
+        if pool.unreadable is not None:
+            # a device of a key the pool declares needs its figures: the webhook fails closed
+            for key, resource in probes(tenancy):
+                if key in tenancy.declared(namespace) and tenancy.admits(namespace, resource, 1)[0]:
+                    found.append(f"{namespace}: the report cannot figure it, the webhook admitted")
+            continue
+        left = {use.key: max(use.left, 0) for use in pool.keys}
+        for key, resource in probes(tenancy):
+            if key not in left:
+                continue
+            grown = [k for k in (key, TOTAL_KEY) if k in left]
+            for count in (left[key], left[key] + 1):
+                if count == 0:
+                    continue
+                expected = all(count <= left[k] for k in grown)
+                allowed, message = tenancy.admits(namespace, resource, count)
+                if allowed != expected:
+                    found.append(
+                        f"{namespace} {key}: left {pool.keys}, {count} devices "
+                        f"{'admitted' if allowed else 'denied: ' + message}"
+                    )
+    return found
+
+
+@st.composite
+def tenancies(draw: st.DrawFn) -> Cluster:
+    """A root, tenants two levels deep (bounded or not, GPU keys or not, declarations that fit
+    or not), apps with devices of every class and of resources no class names, worker pools,
+    namespaces whose Tenant release is gone, releases no reader decodes; and the hoster's classes
+    as they came to be."""
+    releases = [tenant("tenant-root", "root", draw(quotas()))]
+    namespaces = ["tenant-root"]
+    for name in draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True)):
+        where = draw(st.sampled_from(namespaces))
+        releases.append(tenant(where, name, draw(quotas())))
+        namespaces.append(own(where, name))
+    gone = [f"{draw(st.sampled_from(namespaces))}-gone"]
+    for index in range(draw(st.integers(0, 6))):
+        where = draw(st.sampled_from(namespaces + gone))
+        devices = draw(st.lists(st.sampled_from((L40S, H100, SPARE, L40S_NEW)), max_size=3))
+        sizes = draw(st.sampled_from(({}, {"maxReplicas": 2}, {"minReplicas": 3})))
+        made = app(where, f"app{index}", *devices, **sizes)
+        if draw(st.integers(0, 9)) == 0:  # written before the webhook: no reader decodes it
+            made = replace(made, values={"gpus": None})
+        releases.append(made)
+    l40s = draw(st.sampled_from(("as made", "deleted", "resource changed")))
+    classes = {
+        "as made": (L40S_CLASS, H100_CLASS, SPARE_CLASS),
+        "deleted": (H100_CLASS, SPARE_CLASS),
+        "resource changed": (replace(L40S_CLASS, resource_name=L40S_NEW), H100_CLASS, SPARE_CLASS),
+    }[l40s]
+    return Cluster(tuple(releases), classes)
+
+
+def quotas() -> st.SearchStrategy[dict[str, int] | None]:
+    budget = st.dictionaries(st.sampled_from((*KEYS, "requests.cpu")), st.integers(0, 8))
+    return st.none() | budget
+
+
+GONE = Cluster(
+    (
+        tenant("tenant-root", "root"),
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        app("tenant-a-gone", "v", L40S, L40S, L40S),
+    )
+)
+CLASS_DELETED = Cluster(
+    (
+        tenant("tenant-root", "root"),
+        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        app("tenant-a", "v", L40S, L40S, L40S),
+    ),
+    (H100_CLASS, SPARE_CLASS),
+)
+RESOURCE_CHANGED = replace(
+    CLASS_DELETED,
+    classes_=(replace(L40S_CLASS, resource_name=L40S_NEW), H100_CLASS, SPARE_CLASS),
+)
+
+
+@settings(
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(tenancy=tenancies())
+@example(tenancy=GONE)
+@example(tenancy=CLASS_DELETED)
+@example(tenancy=RESOURCE_CHANGED)
+def test_the_report_and_the_webhook_agree_on_every_pool_and_key(tenancy: Cluster) -> None:
+    assert agreement(tenancy) == []
+
+
+# --- the ways they disagreed, each by name ----------------------------------------------------
+
+
+def test_a_namespace_whose_tenant_release_is_gone_is_counted_by_neither() -> None:
+    """`tenant-a-gone` is being deleted: its VM of 3 is in no pool, for the report as for the
+    webhook (which never reads it), so `a` has 4 left and a VM of 4 is admitted."""
+    [pool] = [p for p in GONE.report().values() if p.namespace == "tenant-a"]
+    assert [(use.key, use.reserved, use.left) for use in pool.keys] == [(TOTAL_KEY, 0, 4)]
+    assert GONE.admits("tenant-a", L40S, 4) == (True, "")
+
+
+def test_a_deleted_class_frees_no_device() -> None:
+    """A VM holds 3 of a class the hoster deleted: they count under the total key, and the pool
+    cannot be filled with another class behind them; the report lists them apart."""
+    pool = CLASS_DELETED.report()["tenant-a"]
+    assert [(use.key, use.reserved, use.left) for use in pool.keys] == [(TOTAL_KEY, 3, 1)]
+    assert pool.unclassed == ((L40S, 3),)
+    assert CLASS_DELETED.admits("tenant-a", H100, 1) == (True, "")
+    allowed, message = CLASS_DELETED.admits("tenant-a", H100, 2)
+    assert not allowed and message.startswith(f"{TOTAL_KEY}: this VMInstance needs 2")
+
+
+def test_a_class_whose_resource_changed_frees_no_device() -> None:
+    """The CRD refuses the change now; a class changed before keeps the old devices counted."""
+    pool = RESOURCE_CHANGED.report()["tenant-a"]
+    assert [(use.key, use.reserved, use.left) for use in pool.keys] == [(TOTAL_KEY, 3, 1)]
+    allowed, _ = RESOURCE_CHANGED.admits("tenant-a", L40S_NEW, 4)
+    assert not allowed
+
+
+def tenant_review(namespace: str, name: str, quotas: Any, old: Any = None) -> Any:
+    spec = {"resourceQuotas": quotas}
+    old_spec = None if old is None else {"resourceQuotas": old}
+    return decode(request("Tenant", namespace, name, spec, old_spec))
+
+
+def test_a_quota_no_reader_can_decode_is_refused_where_no_pool_lies_above() -> None:
+    """`[4]` or `{"a": 1}` on a Tenant in tenant-root: stored, it would make the tenant's own
+    pool unreadable and lock its growth; refused as "1500m" is, naming the key."""
+    nothing = Cluster((tenant("tenant-root", "root"),))
+    for value in ([4], {"a": 1}):
+        verdict = review_tenant(tenant_review("tenant-root", "x", {TOTAL_KEY: value}), nothing)
+        assert not verdict.verdict.allowed
+        assert f"spec.resourceQuotas.{TOTAL_KEY}: expected" in verdict.verdict.message
+        assert not verdict.read_inputs
+    other = review_tenant(tenant_review("tenant-root", "x", {"requests.cpu": [1]}), nothing)
+    assert not other.verdict.allowed and "spec.resourceQuotas.requests.cpu" in other.verdict.message
+
+
+def test_an_updates_stored_object_is_only_its_baseline() -> None:
+    """A legacy VM stored with `gpus: null` (its release without its name label, as migrations
+    left it) is fixed to a list within its budget: what cannot be read of the stored release is
+    a baseline of nothing, and the new object is judged as a create."""
+    for label in (None, "", "legacy"):
+        stored = Release("tenant-a", "vm-instance-legacy", "VMInstance", label, {"gpus": None})
+        cluster = Cluster(
+            (tenant("tenant-root", "root"), tenant("tenant-root", "a", {TOTAL_KEY: 4}), stored)
+        )
+        fixed = {"gpus": [{"name": L40S}] * 4}
+        review = decode(request("VMInstance", "tenant-a", "legacy", fixed, {"gpus": None}))
+        assert review_app(review, cluster).verdict.allowed, label
+        over = {"gpus": [{"name": L40S}] * 5}
+        review = decode(request("VMInstance", "tenant-a", "legacy", over, {"gpus": None}))
+        assert not review_app(review, cluster).verdict.allowed, label
+
+
+def test_values_from_beside_values_gpus_counts_the_declared_gpus() -> None:
+    """Flux merges `values` over `valuesFrom`: gpus the values set are the ones installed."""
+    declared = Release(
+        "tenant-a", "vm-instance-v", "VMInstance", "v", {"gpus": [{"name": L40S}] * 3}, {}
+    )
+    cluster = Cluster(
+        (tenant("tenant-root", "root"), tenant("tenant-root", "a", {TOTAL_KEY: 4}), declared)
+    )
+    assert cluster.report()["tenant-a"].keys[0].left == 1
+    assert cluster.admits("tenant-a", L40S, 1) == (True, "")
+    assert not cluster.admits("tenant-a", L40S, 2)[0]
+    hidden = replace(declared, values={}, hidden={"gpus": [{"name": L40S}] * 3})
+    cluster = replace(cluster, releases=(*cluster.releases[:2], hidden))
+    assert cluster.report()["tenant-a"].unreadable is not None
+    allowed, message = cluster.admits("tenant-a", L40S, 1)
+    assert not allowed and message.endswith(
+        "HelmRelease tenant-a/vm-instance-v: spec.valuesFrom: values from a ConfigMap or Secret, "
+        "which the webhook does not read"
+    )
+
+
+def test_the_labels_the_generated_releases_carry() -> None:
+    """The releases of these tests are labelled as Cozystack labels them."""
+    labels = json.loads(bytes(app("tenant-a", "v", L40S).raw()))["metadata"]["labels"]
+    assert labels == {KIND_LABEL: "VMInstance", NAME_LABEL: "v"}
+    assert msgspec.json.decode(tenant("tenant-root", "a", {TOTAL_KEY: 1}).raw())["spec"] == {
+        "values": {"resourceQuotas": {TOTAL_KEY: "1"}}
+    }
