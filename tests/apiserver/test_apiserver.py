@@ -291,6 +291,26 @@ def test_crd_cel_rules_refuse_what_they_must(
         kube.delete(f"{GPUCLASSES}/{ok['metadata']['name']}", wait=False)
 
 
+def test_a_class_resource_name_cannot_change(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    """Budgets count devices under the class their resource maps to: a class whose resource
+    changed would drop the devices its VMs hold from its key (docs/gpuclass.md). Its other
+    fields stay editable."""
+    created = kube.request("POST", GPUCLASSES, a_class("fixed"))
+    assert created.status_code == 201, created.text
+    try:
+        stored = created.json()
+        moved = {**stored, "spec": {**stored["spec"], "resourceName": "nvidia.com/OTHER"}}
+        refused_change = kube.request("PUT", f"{GPUCLASSES}/fixed", moved)
+        assert refused_change.status_code == 422, refused_change.text
+        assert "resourceName is immutable" in refused_change.text
+        renamed = {**stored, "spec": {**stored["spec"], "displayName": "renamed"}}
+        assert kube.request("PUT", f"{GPUCLASSES}/fixed", renamed).status_code == 200
+    finally:
+        kube.delete(f"{GPUCLASSES}/fixed", wait=False)
+
+
 # --- status, the way Metacontroller writes it ----------------------------------------------------
 
 
