@@ -191,7 +191,7 @@ class FreshList:
     def classes(self) -> list[ClassIdentity]:
         return self._classes.classes()
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         objects = [release_object(raw) for raw in self._api.list(HELMRELEASES, TENANCY_SELECTOR)]
         return Tenancy(
             tuple(o for o in objects if isinstance(o, Tenant)),
@@ -497,7 +497,7 @@ class Snapshot:
     def classes(self) -> list[ClassIdentity]:
         return self._reader.classes()
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return self._tenancy
 
     def verdict(self, review: Review) -> tuple[bool, str]:

@@ -443,6 +443,8 @@ def answering(lists: ReleaseLists) -> Callable[[Read], list[Tenant | App]]:
     return read
 
 
-def scoped_tenancy(lists: ReleaseLists, namespaces: Iterable[str]) -> Tenancy:
+def scoped_tenancy(
+    lists: ReleaseLists, namespaces: Iterable[str], subtrees: Iterable[str] = ()
+) -> Tenancy:
     """The tenancy a review of these namespaces reads from a test's cluster."""
-    return read_scope(namespaces, answering(lists))
+    return read_scope(namespaces, answering(lists), subtrees)

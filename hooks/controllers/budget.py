@@ -21,7 +21,7 @@ from hooks.rules.budget.declarations import (
     declaration_needs_input,
     declaration_refused,
 )
-from hooks.rules.budget.keys import quota_problem, tenant_declaration
+from hooks.rules.budget.keys import is_budget_key, quota_problem, tenant_declaration
 from hooks.rules.budget.pools import Pools
 from hooks.rules.budget.reservations import cannot_grow
 from hooks.rules.budget.tenancy import (
@@ -58,8 +58,9 @@ class BudgetInputs(Protocol):
     tenant's denial can carry (the webhook fails closed)."""
 
     def classes(self) -> list[ClassIdentity]: ...
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
-        """Every tenant and app the verdicts about these namespaces read (at least)."""
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
+        """Every tenant and app the verdicts about these namespaces read (at least), and every
+        one of the namespaces below `subtrees` down to their bounded sub-tenants."""
         ...
 
 
@@ -221,8 +222,11 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
         return _outcome(request, ALLOWED)
 
     def decide() -> Verdict:
-        # the pool the tenant carves out of, and the tenant's own, which its floor reads
-        tenancy = inputs.tenancy((request.namespace, new.owned_namespace or request.namespace))
+        # the pool the tenant carves out of, the releases claiming its own namespace, and, for a
+        # declaration with a budget key, all that is held inside it (its floor)
+        own = new.owned_namespace or request.namespace
+        budgeted = any(is_budget_key(key) for key in new.declaration)
+        tenancy = inputs.tenancy((request.namespace, own), (own,) if budgeted else ())
         return check_declaration(
             new=new,
             old=old,

@@ -108,9 +108,10 @@ class BudgetReader:
             self._classes = (now, classes)
         return classes
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
-        """The pools of these namespaces, read fresh on every review."""
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
+        """The pools of these namespaces, and the whole of `subtrees`, read fresh on every
+        review."""
         try:
-            return read_scope(namespaces, self._releases.read)
+            return read_scope(namespaces, self._releases.read, subtrees)
         except Unreadable as error:
             raise Unreadable(f"could not list HelmReleases ({error})") from None

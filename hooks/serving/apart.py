@@ -330,5 +330,5 @@ class _NoBudgets:
     def classes(self) -> NoReturn:
         raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")
 
-    def tenancy(self, namespaces: object) -> NoReturn:
+    def tenancy(self, namespaces: object, subtrees: object = ()) -> NoReturn:
         raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")

@@ -36,7 +36,7 @@ class Inputs:
     def classes(self) -> list[ClassIdentity]:
         return CLASSES
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         self.asked.append(tuple(namespaces))
         return self._tenancy
 
@@ -93,7 +93,7 @@ def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
 
 
 class Unlistable(Inputs):
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         super().tenancy(namespaces)
         raise Unreadable("could not list HelmReleases (HTTP 503)")
 

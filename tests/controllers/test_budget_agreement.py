@@ -63,8 +63,8 @@ class Cluster:
     def classes(self) -> list[ClassIdentity]:
         return list(self.classes_)
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
-        return scoped_tenancy(LegacyReleases(self.releases), namespaces)
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
+        return scoped_tenancy(LegacyReleases(self.releases), namespaces, subtrees)
 
     # what the report's sync is sent
     def report(self) -> dict[str, PoolUse]:

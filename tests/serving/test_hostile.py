@@ -343,7 +343,7 @@ class BoundedTenantA:
     def classes(self) -> list[ClassIdentity]:
         return [ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU)]
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return Tenancy((Tenant("tenant-root", "a", {TOTAL_KEY: 4, class_key("l40s"): 2}),), ())
 
 

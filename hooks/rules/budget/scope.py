@@ -45,8 +45,9 @@ Found = Sequence[Tenant | App]
 Reads = Generator[Read, Found, Tenancy]
 
 
-def scoped_reads(namespaces: Iterable[str]) -> Reads:
-    """The reads the verdicts about these namespaces need.
+def scoped_reads(namespaces: Iterable[str], subtrees: Iterable[str] = ()) -> Reads:
+    """The reads the verdicts about these namespaces need, and the whole of `subtrees` (a
+    tenant's own namespace, whose floor a new or lowered budget reads).
 
     1. The tenants owning each namespace and every ancestor of it (one read per namespace they
        are declared in, by name label), which place each namespace in its pool. Where an owner is
@@ -55,11 +56,15 @@ def scoped_reads(namespaces: Iterable[str]) -> Reads:
        name), or may be unplaceable and fail closed where it could matter. Where every owner is a
        labelled `tenant-<name>`, no other release can claim those tenants by its release name
        (that name is taken), and unplaceable ones change nothing on the way.
-    2. Each pool, from its root down, and each namespace itself, from there down: the apps and
-       the Tenant releases of every namespace, descending through unbounded tenants and stopping
-       at bounded ones, which carve their declaration out of the pool and hold their own pools.
+    2. Each pool these namespaces are in, from its root down, and each of `subtrees`: the apps
+       and the Tenant releases of every namespace, descending through unbounded tenants and
+       stopping at bounded ones, which carve their declaration out of the pool and hold their
+       own pools. A namespace in no pool needs nothing more: whatever it holds, no verdict about
+       it reads it, so a review there costs the same few reads however many tenants without a
+       budget lie beside or below it.
     """
-    scope = tuple(dict.fromkeys(namespaces))
+    below = tuple(dict.fromkeys(subtrees))
+    scope = tuple(dict.fromkeys([*namespaces, *below]))
     found: dict[tuple[str, str], Tenant | App] = {}
 
     def add(objects: Found) -> None:
@@ -88,7 +93,7 @@ def scoped_reads(namespaces: Iterable[str]) -> Reads:
 
     owned = owners(t for t in found.values() if isinstance(t, Tenant))
     starts = [root for root in (pool_root(owned, n) for n in scope) if root is not None]
-    pending = list(dict.fromkeys([*starts, *scope]))
+    pending = list(dict.fromkeys([*starts, *below]))
     visited: set[str] = set()
     while pending:
         namespace = pending.pop()
@@ -108,9 +113,11 @@ def scoped_reads(namespaces: Iterable[str]) -> Reads:
     )
 
 
-def read_scope(namespaces: Iterable[str], read: Callable[[Read], Found]) -> Tenancy:
+def read_scope(
+    namespaces: Iterable[str], read: Callable[[Read], Found], subtrees: Iterable[str] = ()
+) -> Tenancy:
     """The tenancy of `scoped_reads`, each read answered by `read`."""
-    reads = scoped_reads(namespaces)
+    reads = scoped_reads(namespaces, subtrees)
     try:
         request = next(reads)
         while True:

@@ -99,10 +99,10 @@ class Cluster:
     def classes(self) -> list[ClassIdentity]:
         return list(CLASSES)
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         # The webhook's own way of reading only the pools a review is about: a release it failed
         # to read would show as a verdict the model disagrees with.
-        return scoped_tenancy(Releases(self), namespaces)
+        return scoped_tenancy(Releases(self), namespaces, subtrees)
 
     def everything(self) -> Tenancy:
         return Tenancy(
@@ -397,8 +397,8 @@ class LegacyCluster:
             c.resource_name: f"{c.name}.gpuclass.cozystack.io/devices" for c in self.classes()
         }.get(resource)
 
-    def tenancy(self, namespaces: Sequence[str]) -> Tenancy:
-        return scoped_tenancy(LegacyReleases(self.releases), namespaces)
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
+        return scoped_tenancy(LegacyReleases(self.releases), namespaces, subtrees)
 
     # The model.
     def claims(self) -> dict[str, list[dict[str, int]]]:

@@ -52,11 +52,7 @@ def vm(namespace: str, name: str) -> App:
 def test_a_namespace_whose_parent_cannot_exist_is_never_read() -> None:
     cluster = Cluster([])
     assert read_scope(["tenant--x"], cluster.read) == Tenancy()
-    assert cluster.reads == [
-        TenantsNamed("tenant-root", ("root",)),
-        UnnamedTenants("tenant-root"),
-        ReleasesIn("tenant--x"),
-    ]
+    assert cluster.reads == [TenantsNamed("tenant-root", ("root",)), UnnamedTenants("tenant-root")]
 
 
 def test_a_tenant_labelled_only_on_another_release_is_looked_for_among_the_unlabelled() -> None:
@@ -127,3 +123,40 @@ def test_each_release_is_kept_once_however_many_reads_return_it() -> None:
     tenancy = read_scope(["tenant-a", "tenant-a-u"], cluster.read)
     releases = [t.release_key for t in tenancy.tenants] + [a.release_key for a in tenancy.apps]
     assert len(releases) == len(set(releases))
+
+
+def many_tenants_without_budgets(count: int) -> Cluster:
+    """The root without a budget, `count` tenants without one beside each other, five apps
+    each, and one bounded tenant among them."""
+    releases: list[Tenant | App] = [ROOT, tenant("tenant-root", "bounded", {TOTAL_KEY: 4})]
+    for index in range(count):
+        releases.append(tenant("tenant-root", f"t{index}"))
+        releases += [vm(f"tenant-t{index}", f"v{n}") for n in range(5)]
+    return Cluster(releases)
+
+
+def test_a_review_where_no_pool_applies_reads_the_same_few_releases_however_many_tenants() -> None:
+    """A review in `tenant-root` (no budget) beside a thousand tenants without one: its owners
+    and nothing more, as beside ten; a new tenant's budget reads its own namespace too."""
+    for count in (10, 1000):
+        cluster = many_tenants_without_budgets(count)
+        read_scope(["tenant-root"], cluster.read)
+        assert cluster.reads == [TenantsNamed("tenant-root", ("root",))], count
+        cluster = many_tenants_without_budgets(count)
+        read_scope(["tenant-root", "tenant-new"], cluster.read, subtrees=["tenant-new"])
+        assert cluster.reads == [
+            TenantsNamed("tenant-root", ("new", "root")),
+            UnnamedTenants("tenant-root"),
+            ReleasesIn("tenant-new"),
+        ], count
+
+
+def test_a_review_in_a_pool_beside_a_thousand_tenants_without_budgets_reads_its_pool_only() -> None:
+    cluster = many_tenants_without_budgets(1000)
+    cluster.releases.append(vm("tenant-bounded", "mine"))
+    found = read_scope(["tenant-bounded"], cluster.read)
+    assert cluster.reads == [
+        TenantsNamed("tenant-root", ("bounded", "root")),
+        ReleasesIn("tenant-bounded"),
+    ]
+    assert [app.name for app in found.apps] == ["mine"]
