@@ -48,6 +48,9 @@ class Route:
     # A JSON-able body, raw bytes, or a function of the query parameters returning either.
     body: Any = field(default_factory=lambda: kubevirt_cr(GPU))
     delay: float = 0.0
+    # Seconds between the body's bytes, sent one at a time: each gap within any per-read
+    # timeout, the whole far past it.
+    trickle: float = 0.0
 
 
 def list_of(
@@ -112,7 +115,12 @@ def fake_apiserver() -> Iterator[FakeApiServer]:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if not route.trickle:
+                    self.wfile.write(payload)
+                for byte in payload if route.trickle else b"":
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(route.trickle)
             except OSError:
                 pass  # the client gave up (timeout tests)
 

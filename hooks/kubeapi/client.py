@@ -1,7 +1,10 @@
 """GETs against the Kubernetes API, with `requests`: the one client of the edge.
 
 The service account token is re-read on every call (kubelet rotates it); the CA is the service
-account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise; every call has a short timeout. A failed
+account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise. Every GET ends, answered whole or given up,
+within `GPUCLASS_KUBE_TIMEOUT_SECONDS` and within the deadline of the call it is made for
+(`CALL_DEADLINE`, which the serving side sets per call): `requests` bounds each socket read, so
+a server that trickles its body would otherwise hold the caller as long as it liked. A failed
 read raises `Unreadable`, whose message says why in a few words and is safe to show (no
 credentials, no body, no path): the reader that called names what it was reading.
 """
@@ -9,17 +12,23 @@ credentials, no body, no path): the reader that called names what it was reading
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import requests
+import urllib3
 
 from hooks.settings import Settings
 from hooks.wire.problems import Undecodable, Unreadable, decoded
 
 PAGE_SIZE = 500
+READ_BYTES = 256 * 1024
+# When the call a read is made for must be answered (time.monotonic()); None: no call waits.
+CALL_DEADLINE: ContextVar[float | None] = ContextVar("call_deadline", default=None)
 
 
 class NotFound(Unreadable):
@@ -31,6 +40,29 @@ def _read_token(path: Path) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def _body_by(response: requests.Response, end: float) -> bytes:
+    """The body, read whole by `end` (time.monotonic()), or Unreadable: each read waits at most
+    what is left, so however the server paces its bytes, the caller is free at `end`."""
+    raw = response.raw
+    pieces: list[bytes] = []
+    try:
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise Unreadable("timed out")
+            connection = raw.connection
+            if connection is not None and connection.sock is not None:
+                connection.sock.settimeout(left)
+            piece = raw.read1(READ_BYTES, decode_content=True)
+            if not piece:
+                return b"".join(pieces)
+            pieces.append(piece)
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        if isinstance(error, TimeoutError | urllib3.exceptions.TimeoutError):
+            raise Unreadable("timed out") from None
+        raise Unreadable(f"request failed ({type(error).__name__})") from None
 
 
 class _Page(msgspec.Struct):
@@ -62,6 +94,13 @@ class ApiClient:
         base = settings.api_base_url()
         if base is None:
             raise Unreadable("no Kubernetes API configured (GPUCLASS_KUBE_API)")
+        end = time.monotonic() + settings.kube_timeout_seconds
+        call_end = CALL_DEADLINE.get()
+        if call_end is not None and call_end < end:
+            end = call_end
+        left = end - time.monotonic()
+        if left <= 0:
+            raise Unreadable("no time left before the call's deadline")
         headers = {"Accept": "application/json"}
         token = _read_token(settings.kube_token_file)
         if token:
@@ -74,18 +113,20 @@ class ApiClient:
                 base + path,
                 params=params,
                 headers=headers,
-                timeout=settings.kube_timeout_seconds,
+                timeout=left,
                 verify=verify,
+                stream=True,
             )
         except requests.Timeout:
             raise Unreadable("timed out") from None
         except requests.RequestException as error:
             raise Unreadable(f"request failed ({type(error).__name__})") from None
-        if response.status_code == 404:
-            raise NotFound("not found")
-        if response.status_code != 200:
-            raise Unreadable(f"HTTP {response.status_code}")
-        return response.content
+        with response:
+            if response.status_code == 404:
+                raise NotFound("not found")
+            if response.status_code != 200:
+                raise Unreadable(f"HTTP {response.status_code}")
+            return _body_by(response, end)
 
     def list(self, path: str, label_selector: str | None = None) -> Iterator[msgspec.Raw]:
         """Every object of a list endpoint, page by page, each left raw for its own decoder."""

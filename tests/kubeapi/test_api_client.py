@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,9 +17,10 @@ from typing import Any
 import pytest
 import trustme
 
-from hooks.kubeapi.client import ApiClient
+from hooks.kubeapi.client import CALL_DEADLINE, ApiClient
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
+from tests.fake_apiserver import KUBEVIRT_PATH, FakeApiServer, Route
 from tests.volumes import MountedVolume
 
 OBJECT = {"kind": "KubeVirt", "metadata": {"name": "kubevirt"}}
@@ -118,3 +120,45 @@ def test_without_a_ca_file_the_system_cas_are_the_judges(
     with pytest.raises(Unreadable, match=r"^request failed \(SSLError\)$"):
         client(api, tmp_path, None).get("/apis/kubevirt.io/v1/x")
     assert seen == []
+
+
+# --- every read ends within its bound, however the server paces its answer ---------------------
+
+
+def test_a_body_trickled_within_every_read_timeout_is_given_up_as_a_whole(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """One byte every 50 ms answers every socket read in time; the whole of it (tens of seconds)
+    is not waited for: the read gives up at GPUCLASS_KUBE_TIMEOUT_SECONDS."""
+    apiserver.routes["/trickled"] = Route(200, {"padding": "x" * 1000}, trickle=0.05)
+    client = ApiClient(settings.model_copy(update={"kube_timeout_seconds": 0.5}))
+    started = time.monotonic()
+    with pytest.raises(Unreadable, match=r"^timed out$"):
+        client.get("/trickled")
+    assert time.monotonic() - started < 20  # the whole body would take over 50 s
+
+
+def test_a_read_ends_by_the_deadline_of_the_call_it_is_made_for(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    apiserver.routes["/trickled"] = Route(200, {"padding": "x" * 1000}, trickle=0.05)
+    client = ApiClient(settings.model_copy(update={"kube_timeout_seconds": 30}))
+    token = CALL_DEADLINE.set(time.monotonic() + 0.3)
+    try:
+        with pytest.raises(Unreadable, match=r"^timed out$"):
+            client.get("/trickled")
+    finally:
+        CALL_DEADLINE.reset(token)
+    assert client.get(KUBEVIRT_PATH)  # no call waits: the setting alone bounds it
+
+
+def test_a_call_past_its_deadline_reads_nothing(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    token = CALL_DEADLINE.set(time.monotonic() - 1)
+    try:
+        with pytest.raises(Unreadable, match="no time left before the call's deadline"):
+            ApiClient(settings).get(KUBEVIRT_PATH)
+    finally:
+        CALL_DEADLINE.reset(token)
+    assert apiserver.requests == []
