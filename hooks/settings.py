@@ -96,7 +96,8 @@ class Settings(BaseSettings):
     )
     kubevirt_cache_seconds: float = setting(
         5.0,
-        "how long one KubeVirt read answers every class sync (failures included)",
+        "how long a KubeVirt read that found the CR (or found it absent) answers every class sync; "
+        "a failed read is not kept, and concurrent syncs share the read in flight",
         not_in_chart="short next to the status resync; nothing to tune per install",
         ge=0,
         le=60,

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from hooks.kubeapi.client import ApiClient, NotFound
+from hooks.kubeapi.client import CALL_DEADLINE, ApiClient, NotFound
 from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
@@ -40,7 +40,15 @@ def outcome_of(view: KubeVirtView) -> ReadOutcome:
 
 
 class KubeVirtReader:
-    """Reads the KubeVirt CR, caching every outcome (failures too) for `cache_seconds`."""
+    """Reads the KubeVirt CR, one read at a time whoever asks, and keeps what it found (or that
+    it is absent) for `cache_seconds`.
+
+    Concurrent syncs share the read in flight instead of each asking the API server the same
+    question, and wait for it only as long as their own call's deadline allows: no lock is held
+    across the read, so a slow API server costs each caller its own deadline at most, never
+    another caller's. A failed read is not kept: the next call reads again, and sees the API
+    server as soon as it is back (the shared read is what spares the API server a burst).
+    """
 
     def __init__(
         self,
@@ -52,24 +60,52 @@ class KubeVirtReader:
         self._settings = settings
         self._clock = clock
         self._observe = observe
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the fields below, never held across a read
         self._cached: tuple[float, KubeVirtView] | None = None
+        self._reading: threading.Event | None = None
+        self._last: KubeVirtView | None = None  # what the read in flight found, for its waiters
         self._api = ApiClient(settings)
         self._location = f"{settings.kubevirt_namespace}/{settings.kubevirt_name}"
 
     def view(self) -> KubeVirtView:
-        # One lock held across the read: concurrent syncs wait for one answer instead of each
-        # asking the API server the same question.
         with self._lock:
-            now = self._clock()
             cached = self._cached
-            if cached is not None and now - cached[0] < self._settings.kubevirt_cache_seconds:
+            if (
+                cached is not None
+                and self._clock() - cached[0] < self._settings.kubevirt_cache_seconds
+            ):
                 return cached[1]
+            in_flight = self._reading
+            if in_flight is None:
+                self._reading = threading.Event()
+        if in_flight is not None:
+            return self._shared(in_flight)
+        view: KubeVirtView = KubeVirtUnreadable("the read did not finish")
+        try:
             view = self._read()
-            self._cached = (self._clock(), view)
+        finally:
+            with self._lock:
+                if not isinstance(view, KubeVirtUnreadable):
+                    self._cached = (self._clock(), view)
+                self._last = view
+                finished, self._reading = self._reading, None
+            if finished is not None:
+                finished.set()
         if self._observe is not None:
             self._observe(outcome_of(view))
         return view
+
+    def _shared(self, in_flight: threading.Event) -> KubeVirtView:
+        """What the read in flight finds, waited for as long as this call's deadline allows."""
+        deadline = CALL_DEADLINE.get()
+        wait = self._settings.kube_timeout_seconds
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - time.monotonic()))
+        if not in_flight.wait(wait):
+            return KubeVirtUnreadable("the read in flight did not finish within this call's time")
+        with self._lock:
+            last = self._last
+        return last if last is not None else KubeVirtUnreadable("the read did not finish")
 
     def _read(self) -> KubeVirtView:
         settings = self._settings

@@ -1,10 +1,14 @@
+import threading
+import time
 from pathlib import Path
 
+from hooks.kubeapi.client import CALL_DEADLINE
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
     KubeVirtUnreadable,
+    KubeVirtView,
     permitted_resources,
 )
 from hooks.settings import Settings
@@ -93,3 +97,57 @@ def test_burst_of_syncs_makes_one_read_within_the_cache_period(
     reader.view()
     assert len(apiserver.requests) == 2
     assert outcomes == ["found", "found"]
+
+
+def test_concurrent_syncs_share_one_read_in_flight(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    apiserver.serve(KUBEVIRT_PATH, delay=0.5)
+    reader = KubeVirtReader(settings.model_copy(update={"kubevirt_cache_seconds": 5.0}))
+    views: list[KubeVirtView] = []
+    threads = [threading.Thread(target=lambda: views.append(reader.view())) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(apiserver.requests) == 1
+    assert len(views) == 8 and all(isinstance(view, KubeVirtFound) for view in views)
+
+
+def test_a_caller_waits_for_another_callers_read_only_within_its_own_deadline(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """No lock across the read: a sync whose deadline is near gets KubeVirtUnreadable while the
+    slow read goes on for the caller that made it."""
+    apiserver.serve(KUBEVIRT_PATH, delay=2.0)
+    reader = KubeVirtReader(settings.model_copy(update={"kube_timeout_seconds": 10}))
+    slow: list[KubeVirtView] = []
+    first = threading.Thread(target=lambda: slow.append(reader.view()))
+    first.start()
+    while not apiserver.requests:  # the read is in flight
+        time.sleep(0.01)
+    token = CALL_DEADLINE.set(time.monotonic() + 0.1)
+    try:
+        hurried = reader.view()
+    finally:
+        CALL_DEADLINE.reset(token)
+    assert hurried == KubeVirtUnreadable(
+        "the read in flight did not finish within this call's time"
+    )
+    assert not slow  # decided while the read was still in flight
+    first.join(10)
+    assert isinstance(slow[0], KubeVirtFound)
+
+
+def test_after_the_api_recovers_the_next_sync_sees_it(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """A failed read is not kept: recovery shows at once, not a cache period later."""
+    now = [100.0]
+    reader = KubeVirtReader(
+        settings.model_copy(update={"kubevirt_cache_seconds": 5.0}), clock=lambda: now[0]
+    )
+    apiserver.serve(KUBEVIRT_PATH, 503, {"kind": "Status"})
+    assert isinstance(reader.view(), KubeVirtUnreadable)
+    apiserver.serve(KUBEVIRT_PATH)
+    assert isinstance(reader.view(), KubeVirtFound)  # the same instant
