@@ -16,6 +16,8 @@ from hooks.wire.names import DNS_LABEL_PATTERN, is_dns_label
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 ENV_PREFIX = "GPUCLASS_"
+# What a call leaves its caller for the answer's way back: a second, or a tenth of a short wait.
+ANSWER_MARGIN_SECONDS = 1.0
 
 
 def setting(
@@ -182,6 +184,15 @@ class Settings(BaseSettings):
         ge=0,
         le=60,
     )
+    admission_timeout_seconds: float = setting(
+        10.0,
+        "how long the API server waits for a budget review (the webhook's `timeoutSeconds`): a "
+        "review is answered within it less a margin, a verdict or a denial naming the read that "
+        "did not finish",
+        chart="admission.timeoutSeconds",
+        ge=1,
+        le=30,
+    )
     admission_cache_seconds: float = setting(
         5.0,
         "how long the budget webhook caches GPUClasses (tenant declarations and reservations "
@@ -306,6 +317,15 @@ class Settings(BaseSettings):
     @property
     def hook_timeout_seconds(self) -> float:
         return go_duration_seconds(self.hook_timeout)
+
+    def answer_within_seconds(self, caller: str) -> float:
+        """How long a call has, from when the edge took it, to be answered: what its caller
+        waits (the API server for admission reviews, Metacontroller for every other hook) less
+        a margin for the answer's way back."""
+        waits = (
+            self.admission_timeout_seconds if caller == "apiserver" else self.hook_timeout_seconds
+        )
+        return waits - min(ANSWER_MARGIN_SECONDS, waits / 10)
 
     def body_deadline_seconds(self, length: int) -> float:
         """How long a body of this many bytes may take to arrive: what its size needs at the

@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from hooks.controllers.budget import BudgetInputs
 from hooks.kubeapi.budget import BudgetReader
+from hooks.kubeapi.client import CALL_DEADLINE
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.routes import HOOKS, Answer, FailedElsewhere, Hook, HookInputs
 from hooks.serving import apart, http
@@ -61,8 +62,15 @@ class _Calls:
         self.memory, self.metrics, self.apart_from_bytes = memory, metrics, apart_from_bytes
 
     def start(self) -> None:
-        http.begin_call()
+        hook = self.guard.hooks.get(request.path)
+        call = http.begin_call(
+            self.settings.answer_within_seconds(hook.caller if hook else "metacontroller")
+        )
         self.metrics.calls_in_progress.inc()
+        if http.ACCEPTED_AT in request.environ:
+            self.metrics.thread_wait.observe(call.waited)
+        # Every read of the API server for this call ends by its deadline (`hooks.kubeapi`).
+        call.deadline_token = CALL_DEADLINE.set(call.deadline)
 
     def check(self) -> Response | None:
         """Every check that needs no body (`hooks.serving.guard`, which the edge ran already under
@@ -80,6 +88,10 @@ class _Calls:
         )
         if refusal is not None:
             return http.error_response(refusal.message, refusal.code)
+        late = http.too_late_to_start(http.current_call())
+        if late is not None:
+            self.metrics.calls_refused_busy.inc()
+            return late
         if self.memory is None:
             return None
         return http.reserve_memory(self.memory, request.content_length or 0, self.metrics)
@@ -99,14 +111,15 @@ class _Calls:
         if call is not None:
             http.release_memory(call)
             self.metrics.calls_in_progress.dec()
+            if call.deadline_token is not None:
+                CALL_DEADLINE.reset(call.deadline_token)
 
     def serve(self, hook: Hook) -> Callable[[], Response]:
         def view() -> Response:
             length = request.content_length or 0
-            # One hook timeout per call, from its first check: what it waited for the memory
-            # budget is not given again to its body or its child (the caller's clock runs too).
-            elapsed = http.current_call().elapsed_seconds()
-            left = max(0.0, self.settings.hook_timeout_seconds - elapsed)
+            # One deadline per call, from when the edge took it: what it waited for a thread and
+            # for the memory budget is not given again to its body or its child.
+            left = http.current_call().left_seconds()
             body_seconds = min(self.settings.body_deadline_seconds(length), left)
             if self._runs_apart(hook, length):
                 return http.answer(

@@ -8,6 +8,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from contextvars import Token
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,12 @@ JSON = "application/json"
 # Metacontroller requeues a 429 after Retry-After (any other code fails the sync with a Warning
 # event and exponential backoff); a few seconds lets the calls ahead finish.
 RETRY_AFTER_SECONDS = 5
+# When the edge took the call (`now()`), in its WSGI environment: its caller's clock started then.
+ACCEPTED_AT = "hooks.accepted_at"
+# A call refused for a queue of calls ahead of it: a second lets the queue drain.
+BUSY_RETRY_AFTER_SECONDS = 1
+# The one clock of a call's time: the edge's, the deadline's, the log line's.
+now = time.monotonic
 # How many skipped objects one warning names; the count says how many there were.
 SKIPPED_NAMED = 20
 
@@ -36,19 +43,32 @@ def json_response(payload: bytes, code: int = 200) -> Response:
 @dataclass
 class Call:
     """What one call carries from its first check to its log line and metrics: the one record of
-    a request's state, kept in Flask's `g` by `begin_call`."""
+    a request's state, kept in Flask's `g` by `begin_call`. `started` is when the edge took it
+    (its wait for a thread counts), `deadline` when its answer is due (`now()` readings)."""
 
     started: float
+    deadline: float
     body_bytes: int | None = None  # the declared body, once it was read whole
     log_fields: dict[str, Any] = field(default_factory=dict)
     memory: Admitted | None = None  # its share of the memory budget, until released
+    waited: float = 0.0  # for a thread, from when the edge took it
+    deadline_token: Token[float | None] | None = None  # its deadline, for the API reads
 
     def elapsed_seconds(self) -> float:
-        return time.perf_counter() - self.started
+        return now() - self.started
+
+    def left_seconds(self) -> float:
+        return max(0.0, self.deadline - now())
 
 
-def begin_call() -> Call:
-    g.call = Call(time.perf_counter())
+def begin_call(answer_within: float = float("inf")) -> Call:
+    """The call's record: from when the edge took it, when it reached this thread otherwise."""
+    started = now()
+    accepted = request.environ.get(ACCEPTED_AT) if request else None
+    waited = 0.0
+    if isinstance(accepted, float) and accepted <= started:
+        started, waited = accepted, started - accepted
+    g.call = Call(started, started + answer_within, waited=waited)
     return current_call()
 
 
@@ -128,6 +148,19 @@ def log_call(response: Response) -> None:
     log(logging.INFO, "hook call", **fields)
 
 
+def too_late_to_start(call: Call) -> Response | None:
+    """A call that waited half its time for a thread is refused at once, 429: the calls ahead of
+    it show it would not be answered in time, and its caller retries after Retry-After instead
+    of timing out in a queue."""
+    if call.waited <= (call.deadline - call.started) / 2:
+        return None
+    response = error_response(
+        f"the service is busy: this call waited {call.waited:.1f} s for a thread; retry later", 429
+    )
+    response.headers["Retry-After"] = str(BUSY_RETRY_AFTER_SECONDS)
+    return response
+
+
 def reserve_memory(memory: MemoryBudget, length: int, metrics: Metrics) -> Response | None:
     """Hold the call until its share of the memory budget is free, or refuse it unread.
 
@@ -135,7 +168,7 @@ def reserve_memory(memory: MemoryBudget, length: int, metrics: Metrics) -> Respo
     limit (only callers that may call can hold or wait for the budget); the reservation is
     released by `release_memory` on every path.
     """
-    reservation = memory.reserve(length)
+    reservation = memory.reserve(length, current_call().left_seconds())
     if isinstance(reservation, Admitted):
         current_call().memory = reservation
         if reservation.share:

@@ -150,8 +150,9 @@ class MemoryBudget:
     def share(self, body_bytes: int) -> int:
         return math.ceil(body_bytes * self.expansion) + self.per_call_bytes
 
-    def reserve(self, body_bytes: int) -> Reservation:
-        """Wait, in arrival order, until the call's share fits; at most `max_wait_seconds`."""
+    def reserve(self, body_bytes: int, wait_seconds: float | None = None) -> Reservation:
+        """Wait, in arrival order, until the call's share fits; at most `max_wait_seconds`, and
+        at most `wait_seconds` (what is left of the call's time) when given."""
         if body_bytes < self.bypass_below_bytes:
             return Admitted(0, 0.0, _nothing_to_give_back)
         share = self.share(body_bytes)
@@ -163,7 +164,10 @@ class MemoryBudget:
             self._queue.append(ticket)
             try:
                 while self._queue[0] is not ticket or self._reserved + share > self.budget_bytes:
-                    remaining = started + self.max_wait_seconds - self._clock()
+                    most = self.max_wait_seconds
+                    if wait_seconds is not None:
+                        most = min(most, wait_seconds)
+                    remaining = started + most - self._clock()
                     if remaining <= 0:
                         return TimedOut(share, self._clock() - started)
                     self._changed.wait(remaining)

@@ -269,7 +269,8 @@ class Metrics:
         )
         self.latency = Histogram(
             "cozystack_gpu_hook_request_duration_seconds",
-            "Time to answer a hook call, by route template",
+            "Time to answer a hook call, by route template, from when the edge took it (its wait "
+            "for a thread included)",
             ["route"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
@@ -376,6 +377,18 @@ class Metrics:
             "cozystack_gpu_hook_memory_wait_seconds",
             "Time calls waited for the memory budget before they were admitted or refused",
             buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.thread_wait = Histogram(
+            "cozystack_gpu_hook_thread_wait_seconds",
+            "Time calls waited for a thread of the worker, from when the edge took them",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.calls_refused_busy = Counter(
+            "cozystack_gpu_hook_calls_refused_busy_total",
+            "Calls answered 429 because the calls ahead of them would not let them be answered "
+            "in time",
             registry=self.registry,
         )
 

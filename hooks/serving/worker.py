@@ -27,7 +27,7 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from hooks.serving import edge, gthread
+from hooks.serving import edge, gthread, http
 from hooks.serving.guard import Guard
 from hooks.serving.logs import log
 from hooks.serving.metrics import Metrics
@@ -36,6 +36,30 @@ from hooks.settings import Settings
 # How long a stopping worker keeps an idle connection for a request already on its way.
 STOP_IDLE_LINGER_SECONDS = 2.0
 LISTENER = "hooks"
+
+
+class Backlog:
+    """The calls handed to the threads and not answered yet, and how long a thread takes with
+    one (a moving average of the last few): how long a call handed now would wait for a
+    thread. Kept by the loop alone."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.busy = 0
+        self.per_call = 0.0
+
+    def expected_wait(self) -> float:
+        ahead = self.busy - self.threads + 1
+        return max(0, ahead) * self.per_call / self.threads
+
+    def handed(self) -> None:
+        self.busy += 1
+
+    def answered(self, thread_seconds: float) -> None:
+        self.busy -= 1
+        self.per_call = (
+            thread_seconds if not self.per_call else self.per_call * 0.8 + thread_seconds * 0.2
+        )
 
 
 def honour_connection_close(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
@@ -68,11 +92,36 @@ class HookWorker(ThreadWorker):
     _edge: edge.Edge | None = None
     _guard: Guard | None = None
     _metrics: Metrics | None = None
+    _settings: Settings | None = None
+    _backlog = Backlog(1)
+    # By id of the connection's socket: when the edge took its call, when a thread began it.
+    _taken: dict[int, float]
+    _started: dict[int, float]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken, self._started = {}, {}
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
         loaded: Callable[..., Iterable[bytes]] = getattr(self, "wsgi")  # noqa: B009 (untyped)
-        self.wsgi = honour_connection_close(loaded)
+        self.wsgi = self._timed(honour_connection_close(loaded))
+
+    def _timed(self, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+        """The call's environment carries when the edge took it; its thread's start is noted for
+        the backlog's average."""
+        taken = self._taken
+        started = self._started
+
+        def timed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            key = id(environ.get("gunicorn.socket"))
+            accepted = taken.pop(key, None)
+            if accepted is not None:
+                environ[http.ACCEPTED_AT] = accepted
+            started[key] = http.now()
+            return app(environ, start_response)
+
+        return timed
 
     def serve_edge(self, settings: Settings, guard: Guard, metrics: Metrics) -> None:
         tls = None
@@ -82,6 +131,8 @@ class HookWorker(ThreadWorker):
             )
         self._guard = guard
         self._metrics = metrics
+        self._settings = settings
+        self._backlog = Backlog(self.cfg.threads)
         self._secure = tls is not None
         self._edge = edge.Edge(
             self.poller,
@@ -156,7 +207,7 @@ class HookWorker(ThreadWorker):
         if head is None:
             self._edge.drop(connection, "malformed")
             return
-        refusal = self._refusal(head)
+        refusal = self._refusal(head) or self._busy(head)
         if refusal is not None:
             code, message, extra = refusal
             self._refused(head, code, message, connection.accepted_at)
@@ -168,6 +219,8 @@ class HookWorker(ThreadWorker):
             connection.owner_state = tconn
         gthread.give_back(tconn, head_bytes + rest)
         self._edge.hand_off(connection)
+        self._taken[id(connection.sock)] = http.now()
+        self._backlog.handed()
         future = self.tpool.submit(self.handle, tconn)
         future.add_done_callback(
             lambda done: self.method_queue.defer(self._finished, connection, done)
@@ -190,6 +243,19 @@ class HookWorker(ThreadWorker):
         )
         return None if refused is None else (refused.code, refused.message, None)
 
+    def _busy(self, head: edge.Head) -> tuple[int, str, dict[str, str] | None] | None:
+        """429 at once for a call the calls ahead of it would keep waiting past half its time:
+        its caller retries after Retry-After, rather than time out in the queue."""
+        assert self._guard is not None and self._settings is not None and self._metrics is not None
+        hook = self._guard.hooks[head.path]
+        within = self._settings.answer_within_seconds(hook.caller)
+        wait = self._backlog.expected_wait()
+        if wait <= within / 2:
+            return None
+        self._metrics.calls_refused_busy.inc()
+        message = f"the service is busy: a thread is {wait:.1f} s away; retry later"
+        return 429, message, {"Retry-After": str(http.BUSY_RETRY_AFTER_SECONDS)}
+
     def _refused(self, head: edge.Head, code: int, message: str, since: float) -> None:
         """A call the edge answered: counted and logged as the app counts and logs its own."""
         assert self._metrics is not None and self._guard is not None
@@ -208,6 +274,8 @@ class HookWorker(ThreadWorker):
 
     def _finished(self, connection: edge.Connection, done: Future[Any]) -> None:
         assert self._edge is not None
+        started = self._started.pop(id(connection.sock), None)
+        self._backlog.answered(0.0 if started is None else http.now() - started)
         keep = False
         try:
             keep = bool(done.result())

@@ -121,6 +121,15 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: "The hooks refuse more than one call a minute for want of memory (429)"
       description: "Calls wait for the memory budget and are refused after memoryBudget.waitSeconds; Metacontroller retries them, but syncs are late. Shrink the requests (selectors.nodes, selectors.pods) or raise resources.limits.memory."
       runbook_url: {{ printf "%s#gpuclasshookmemorybudgetrefusals" $runbooks | quote }}
+  - alert: GPUClassHooksQueueing
+    expr: (sum(rate(cozystack_gpu_hook_thread_wait_seconds_sum[10m])) / sum(rate(cozystack_gpu_hook_thread_wait_seconds_count[10m])) > 0.5) or (sum(rate(cozystack_gpu_hook_calls_refused_busy_total[10m])) * 60 > 1)
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: "Hook calls wait for a thread (half a second on average, or more than one refused a minute)"
+      description: "More calls arrive than the worker's threads answer: calls queue before they start, and those that would wait past half their deadline are answered 429. Syncs are late, reviews may be refused. Look for large or stalled calls holding threads (memory waits, 408s), raise serve.threads or add replicas."
+      runbook_url: {{ printf "%s#gpuclasshooksqueueing" $runbooks | quote }}
   - alert: GPUClassHookStalledBodies
     expr: sum(rate(cozystack_gpu_hook_requests_total{code="408"}[10m])) * 60 > 1
     for: 15m

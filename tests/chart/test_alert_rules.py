@@ -227,6 +227,24 @@ CASES = [
         summary="The hooks refuse more than one call a minute for want of memory (429)",
     ),
     Case(
+        "GPUClassHooksQueueing",
+        firing=[
+            ('cozystack_gpu_hook_thread_wait_seconds_sum{instance="a"}', "0+60x40"),
+            ('cozystack_gpu_hook_thread_wait_seconds_count{instance="a"}', "0+60x40"),
+        ],
+        quiet=[
+            ('cozystack_gpu_hook_thread_wait_seconds_sum{instance="a"}', "0+6x40"),
+            ('cozystack_gpu_hook_thread_wait_seconds_count{instance="a"}', "0+60x40"),
+            ('cozystack_gpu_hook_calls_refused_busy_total{instance="a"}', "0+0.5x40"),
+        ],
+        quiet_until="14m",
+        fires_at="22m",
+        summary=(
+            "Hook calls wait for a thread (half a second on average, or more than one refused a "
+            "minute)"
+        ),
+    ),
+    Case(
         "GPUClassHookStalledBodies",
         firing=[(requests_total("408"), "0+2x40")],
         quiet=[(requests_total("408"), "0+0.5x40"), (requests_total("401"), "0+5x40")],

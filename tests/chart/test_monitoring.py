@@ -238,6 +238,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
         "GPUClassBudgetReviewsFailingClosed",
         "GPUBudgetPoolOverBudget",
         "GPUClassHookMemoryBudgetRefusals",
+        "GPUClassHooksQueueing",
         "GPUClassHookStalledBodies",
     }
     for rule in rules():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from werkzeug.exceptions import BadRequest
 
+from hooks.serving import http
 from hooks.serving.app import create_app
 from hooks.serving.logs import LOGGER, JsonFormatter, configure, log
 from hooks.serving.memory import MemoryBudget
@@ -240,10 +240,10 @@ def test_a_call_logs_how_long_it_took_from_its_start_in_milliseconds_to_a_tenth(
 ) -> None:
     readings = iter([10.0])  # the call's start; every reading after it is 12.34 ms later
 
-    def perf_counter() -> float:
+    def now() -> float:
         return next(readings, 10.01234)
 
-    monkeypatch.setattr(time, "perf_counter", perf_counter)
+    monkeypatch.setattr(http, "now", now)
     client = create_app(settings).test_client()
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
         client.post("/status/customize", data=example_of("/status/customize"))
