@@ -1,0 +1,172 @@
+"""One deadline per call (docs/operating.md, "How long a caller can be held"): set from when the
+edge took the call, derived from what its caller waits, spent by every step; and a call that
+cannot start in time refused at once, 429 with Retry-After."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from hooks.kubeapi.client import CALL_DEADLINE
+from hooks.rules.budget.tenancy import Tenancy
+from hooks.rules.classes import ClassIdentity
+from hooks.serving import edge, http
+from hooks.serving.app import create_app
+from hooks.serving.guard import Guard
+from hooks.serving.metrics import Metrics
+from hooks.serving.worker import Backlog, HookWorker
+from hooks.settings import Settings
+from tests.builders import GPU, admission_review, example_of, gpus
+from tests.fake_apiserver import FakeApiServer, Route
+
+NOW = 1000.0
+HTTPS = "https://localhost"  # the admission routes answer HTTPS only
+
+
+class Recording:
+    """Budget inputs that note how long the review had left when it read them."""
+
+    def __init__(self) -> None:
+        self.left: list[float] = []
+
+    def classes(self) -> list[ClassIdentity]:
+        return []
+
+    def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
+        deadline = CALL_DEADLINE.get()
+        assert deadline is not None
+        self.left.append(deadline - http.now())
+        return Tenancy()
+
+
+def review() -> dict[str, Any]:
+    return admission_review("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)})
+
+
+def test_answer_within_is_what_the_caller_waits_less_a_margin() -> None:
+    settings = Settings(admission_timeout_seconds=10, hook_timeout="30s")
+    assert settings.answer_within_seconds("apiserver") == 9.0
+    assert settings.answer_within_seconds("metacontroller") == 29.0
+    short = Settings(admission_timeout_seconds=2, hook_timeout="5s")
+    assert short.answer_within_seconds("apiserver") == pytest.approx(1.8)
+    assert short.answer_within_seconds("metacontroller") == pytest.approx(4.5)
+
+
+def test_a_review_reads_the_api_within_the_webhooks_timeout_less_its_margin(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline is set when the edge took the call: a review that waited 2 s for a thread
+    has 7 s left of the default 9."""
+    monkeypatch.setattr(http, "now", lambda: NOW)
+    inputs = Recording()
+    client = create_app(settings, budgets=inputs).test_client()  # type: ignore[arg-type]
+    assert client.post("/admit/gpu-budget", json=review(), base_url=HTTPS).status_code == 200
+    response = client.post(
+        "/admit/gpu-budget",
+        json=review(),
+        base_url=HTTPS,
+        environ_overrides={http.ACCEPTED_AT: NOW - 2.0},
+    )
+    assert response.status_code == 200
+    assert inputs.left == [9.0, 7.0]
+
+
+def test_a_review_whose_read_does_not_finish_in_time_fails_closed_naming_it(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """The API server answers slower than the review may wait: a denial naming the read, given
+    before the API server itself gives up on the webhook."""
+    apiserver.routes["/apis/helm.toolkit.fluxcd.io/v2/helmreleases"] = Route(
+        200, {"kind": "List", "items": []}, delay=20
+    )
+    slow = settings.model_copy(update={"admission_timeout_seconds": 1, "kube_timeout_seconds": 30})
+    client = create_app(slow).test_client()
+    answer = client.post("/admit/gpu-budget", json=review(), base_url=HTTPS).get_json()["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == (
+        "GPU budget check failed closed: could not list HelmReleases (timed out)"
+    )
+
+
+def test_a_call_that_waited_half_its_time_for_a_thread_is_refused_at_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http, "now", lambda: NOW)
+    metrics = Metrics(180.0)
+    client = create_app(settings, metrics=metrics).test_client()
+    late = client.post(
+        "/status/customize",
+        data=example_of("/status/customize"),
+        environ_overrides={http.ACCEPTED_AT: NOW - 15.0},  # of 29 s
+    )
+    assert late.status_code == 429
+    assert (late.headers["Retry-After"], late.headers["Connection"]) == ("1", "close")
+    assert "waited 15.0 s for a thread" in late.get_json()["error"]
+    in_time = client.post(
+        "/status/customize",
+        data=example_of("/status/customize"),
+        environ_overrides={http.ACCEPTED_AT: NOW - 14.0},
+    )
+    assert in_time.status_code == 200
+    assert metrics.calls_refused_busy._value.get() == 1.0
+
+
+def test_latency_counts_from_when_the_edge_took_the_call(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The histogram callers' waits are compared with: the thread wait included, and observed
+    on its own too."""
+    monkeypatch.setattr(http, "now", lambda: NOW)
+    metrics = Metrics(180.0)
+    client = create_app(settings, metrics=metrics).test_client()
+    client.post(
+        "/status/customize",
+        data=example_of("/status/customize"),
+        environ_overrides={http.ACCEPTED_AT: NOW - 3.0},
+    )
+    latency = metrics.latency.labels(route="/status/customize")
+    assert latency._sum.get() == 3.0
+    assert metrics.thread_wait._sum.get() == 3.0
+
+
+def test_the_backlog_expects_a_wait_only_past_the_threads() -> None:
+    backlog = Backlog(threads=4)
+    for _ in range(4):
+        backlog.handed()
+    assert backlog.expected_wait() == 0.0  # a thread is free for the first four
+    backlog.answered(2.0)  # one took 2 s
+    for _ in range(8):
+        backlog.handed()
+    # 11 in hand: the next waits for 8 ahead of it over 4 threads at 2 s each
+    assert backlog.expected_wait() == 8 * 2.0 / 4
+    backlog.answered(0.0)
+    assert backlog.per_call == pytest.approx(1.6)  # the average moves a fifth of the way
+
+
+def test_the_edge_refuses_at_once_a_call_that_would_wait_past_half_its_time(
+    settings: Settings,
+) -> None:
+    """Decided in the event loop, before a thread is taken: 429 with Retry-After."""
+    worker = object.__new__(HookWorker)
+    worker._guard, worker._settings = Guard(settings, None), settings
+    worker._metrics, worker._backlog = Metrics(180.0), Backlog(threads=2)
+    head = edge.parse_head(b"POST /status/customize HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head is not None
+    worker._backlog.per_call = 10.0
+    worker._backlog.busy = 2  # both threads taken: the next call is 5 s away, of its 29
+    assert worker._busy(head) is None
+    worker._backlog.busy = 3  # one more ahead of it: 10 s away
+    assert worker._busy(head) is None
+    worker._backlog.busy = 4  # 15 s away, past half of 29
+    assert worker._busy(head) == (
+        429,
+        "the service is busy: a thread is 15.0 s away; retry later",
+        {"Retry-After": "1"},
+    )
+    review = edge.parse_head(b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert review is not None
+    worker._backlog.busy = 2  # 5 s away: past half of a review's 9
+    assert worker._busy(review) is not None
+    assert worker._metrics.calls_refused_busy._value.get() == 2.0
