@@ -71,7 +71,9 @@ clean:
 # Ten concurrent L-sized status syncs with and without the memory budget (a few minutes, several
 # GB); ARGS=--slow-clients: 32 stalled clients beside ten M-sized syncs; ARGS=--hostile-clients:
 # trickling heads, stalled handshakes, an idle flood and 1 GB admission declarations, none with
-# the token, beside authenticated calls (about a minute).
+# the token, beside authenticated calls (about a minute); ARGS=--slow-api: reviews and status
+# syncs against an API server that delays, trickles and recovers; ARGS=--keep-alive-callers: 300
+# callers on kept-alive connections (a minute or two each).
 ARGS ?=
 # The budget report's sync at 1,000 tenants x $(APPS) apps: size, time, the served peak memory.
 APPS ?= 50

@@ -27,6 +27,12 @@ same load (what any call on the machine waits for before the service does anythi
 
 reports clients without the token that never finish their head, beside authenticated calls
 (`bench.hostile`).
+
+    python -m bench.load --slow-api             # make bench-load ARGS=--slow-api
+    python -m bench.load --keep-alive-callers   # make bench-load ARGS=--keep-alive-callers
+
+report every call's time against its deadline with an API server that delays and trickles, and
+under 300 keep-alive callers (`bench.deadlines`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from pathlib import Path
 import requests
 
 from bench.cluster import generate, license_sync_body, status_sync_body
+from bench.deadlines import keep_alive_callers, slow_api
 from bench.hostile import hostile_clients
 from bench.run import MB, answer, kubevirt_api, post, serve
 
@@ -339,11 +346,25 @@ def main(argv: list[str] | None = None) -> int:
         "--slow-clients", action="store_true", help="stalled clients beside M-sized syncs"
     )
     parser.add_argument(
+        "--slow-api",
+        action="store_true",
+        help="reviews and syncs against an API server that delays and trickles (bench.deadlines)",
+    )
+    parser.add_argument(
+        "--keep-alive-callers",
+        action="store_true",
+        help="300 keep-alive callers of customize beside a baseline (bench.deadlines)",
+    )
+    parser.add_argument(
         "--hostile-clients",
         action="store_true",
         help="connections without the token that never finish their head (bench.hostile)",
     )
     args = parser.parse_args(argv)
+    if args.slow_api:
+        return slow_api()
+    if args.keep_alive_callers:
+        return keep_alive_callers()
     if args.hostile_clients:
         with kubevirt_api() as api:
             return hostile_clients(api)
