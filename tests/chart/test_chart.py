@@ -428,6 +428,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
+        "GPUCLASS_ADMISSION_TIMEOUT_SECONDS": "10",
         "GPUCLASS_LOG_LEVEL": "info",
         "GPUCLASS_MEMORY_WAIT_SECONDS": "20",
     }
