@@ -65,11 +65,10 @@ class AppCheck:
 
 
 def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
-    """The releases that store the app under review (`App.stores`). A CREATE has no stored self
-    (a release that already carries the identity is another release, and keeps its
-    reservation), and neither has an app without a name yet (`generateName`), which would
-    otherwise match every release without a name label."""
-    if creating or not new.name:
+    """The releases that store the app under review (`App.stores`: an app without a name yet,
+    under `generateName`, is stored in none). A CREATE has no stored self: a release that already
+    carries the identity is another release, and keeps its reservation."""
+    if creating:
         return []
     return [app for app in apps if app.stores(new)]
 
