@@ -2,6 +2,7 @@
 
     python -m bench.admission                        # make bench-admission: 200x50 and 1000x50
     python -m bench.admission --sizes 20x10 --reviews 50 --baseline-reviews 10   # a quick look
+    python -m bench.admission --root-beside 1000    # tenant-root beside 1,000 unbudgeted tenants
 
 For each size (tenants x apps per tenant, added to the same cluster), it stores Tenant,
 VMInstance and KubernetesNodes HelmReleases shaped like Cozystack's, legacy ones among them (Tenant
@@ -391,7 +392,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--baseline-reviews", type=int, default=30, help="of those, also through the fresh LIST"
     )
     parser.add_argument("--fresh", type=int, default=10, help="reviews right after a store")
+    parser.add_argument(
+        "--root-beside",
+        type=int,
+        default=0,
+        help="instead: reviews in tenant-root (no budget) beside this many tenants without one",
+    )
     args = parser.parse_args(argv)
+    if args.root_beside:
+        return root_beside(args.root_beside)
     sizes = [tuple(int(n) for n in size.split("x")) for size in args.sizes.split(",")]
     rng = random.Random(20261201)
     rows: list[str] = []
@@ -507,3 +516,94 @@ class Snapshot:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class CountedReader(BudgetReader):
+    """The service's reader, counting the LISTs of releases each review makes."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.lists = 0
+        read = self._releases.read
+
+        def counted(request: Any) -> list[Tenant | App]:
+            self.lists += 1
+            return read(request)
+
+        self._releases.read = counted  # type: ignore[method-assign]
+
+
+def root_beside(count: int, apps: int = 5, reviews: int = 50) -> int:
+    """A review where no pool applies beside `count` tenants without a budget (`apps` apps each),
+    against one in a small pool: the LISTs each makes, and its time, in process against a real
+    kube-apiserver (docs/gpu-budgets.md, "Reads by shape")."""
+    with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp)) as plane:
+        crds = yaml.safe_load((ROOT / "tests/manifests/cozystack-crds.yaml").read_text())
+        plane.apply(*crds["documents"])
+        plane.apply(
+            yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
+        )
+        plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
+        plane.wait_established("gpuclasses.cozystack.io")
+        plane.apply(gpuclass("l40s", L40S), gpuclass("h100", H100))
+        objects: list[dict[str, Any]] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-root"}},
+            release("Tenant", "tenant-root", "root", {}),
+            release("Tenant", "tenant-root", "small", {"resourceQuotas": {TOTAL_KEY: "8"}}),
+        ]
+        for index in range(count):
+            namespace = f"tenant-u{index}"
+            objects.append(release("Tenant", "tenant-root", f"u{index}", {}))
+            objects += [
+                release("VMInstance", namespace, f"vm{n}", {"gpus": gpus(L40S)})
+                for n in range(apps)
+            ]
+        objects += [
+            release("VMInstance", "tenant-small", f"vm{n}", {"gpus": gpus(L40S)}) for n in range(3)
+        ]
+        namespaces = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            for name in ["tenant-small", *(f"tenant-u{index}" for index in range(count))]
+        ]
+        started = time.monotonic()
+        for obj in objects[:3]:
+            create(plane, obj)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda o: create(plane, o), namespaces))
+            list(pool.map(lambda o: create(plane, o), objects[3:]))
+        print(f"[root beside {count}] {len(objects) - 1} releases stored "
+              f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
+        token = Path(tmp) / "token"
+        token.write_text(ADMIN_TOKEN)
+        settings = Settings(
+            kube_api=plane.url,
+            kube_token_file=token,
+            kube_ca_file=plane.ca_file,
+            kube_timeout_seconds=30,
+            admission_cache_seconds=60,
+        )
+        reader = CountedReader(settings)
+        figures = {}
+        for label, namespace in (("tenant-root (no pool)", "tenant-root"),
+                                 ("tenant-small (a pool of 3 apps)", "tenant-small")):  # fmt: skip
+            body = review_body("uid", namespace, "new", [L40S])
+            review_app(decode_review(body), reader)  # warm: classes cached, connection open
+            reader.lists, times = 0, []
+            for _ in range(reviews):
+                begun = time.perf_counter()
+                verdict = review_app(decode_review(body), reader).verdict
+                times.append(time.perf_counter() - begun)
+            figures[label] = (reader.lists / reviews, statistics.median(times), verdict.allowed)
+    print("| review | LISTs per review | median | allowed |")
+    print("|---|---|---|---|")
+    for label, (lists, median, allowed) in figures.items():
+        print(f"| {label} | {lists:g} | {1000 * median:.1f} ms | {allowed} |")
+    root, small = figures["tenant-root (no pool)"], figures["tenant-small (a pool of 3 apps)"]
+    checks = [
+        ("a review in tenant-root makes a handful of LISTs at most", root[0] <= 3, f"{root[0]:g}"),
+        ("and costs within 3x a review in a small pool", root[1] <= 3 * small[1],
+         f"{1000 * root[1]:.1f} vs {1000 * small[1]:.1f} ms"),
+    ]  # fmt: skip
+    for name, ok, detail in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+    return 0 if all(ok for _, ok, _ in checks) else 1

@@ -218,13 +218,13 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
         from tests.live import free_port
 
         port, health_port, metrics_port = free_port(), free_port(), free_port()
-        env = dict(
-            os.environ,
-            GPUCLASS_KUBE_API=api,
-            GPUCLASS_KUBE_TOKEN_FILE=f"{tmp}/none",
-            GPUCLASS_KUBEVIRT_CACHE_SECONDS="60",
+        env = {
+            **os.environ,
+            "GPUCLASS_KUBE_API": api,
+            "GPUCLASS_KUBE_TOKEN_FILE": f"{tmp}/none",
+            "GPUCLASS_KUBEVIRT_CACHE_SECONDS": "60",
             **(settings or {}),
-        )
+        }
         log = Path(tmp, "serve.log").open("wb")  # noqa: SIM115 - open as long as the server runs
         master = subprocess.Popen(
             [

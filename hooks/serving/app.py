@@ -70,7 +70,7 @@ class _Calls:
         if http.ACCEPTED_AT in request.environ:
             self.metrics.thread_wait.observe(call.waited)
         # Every read of the API server for this call ends by its deadline (`hooks.kubeapi`).
-        call.deadline_token = CALL_DEADLINE.set(call.deadline)
+        call.deadline_token = CALL_DEADLINE.set(call.work_ends)
 
     def check(self) -> Response | None:
         """Every check that needs no body (`hooks.serving.guard`, which the edge ran already under

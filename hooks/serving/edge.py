@@ -226,6 +226,8 @@ class Connection:
     drained: int = 0
     handshaken: bool = False
     accepted_at: float = 0.0
+    # When the request being read began: at accept, or when a kept-alive connection sent again.
+    head_started: float = 0.0
     # What the owner of the loop keeps with a connection between its calls (gunicorn's TConn).
     owner_state: Any = None
 
@@ -303,7 +305,12 @@ class Edge:
                 continue
             now = self._clock()
             connection = Connection(
-                sock, address, State.HANDSHAKING, now + self._head_seconds, accepted_at=now
+                sock,
+                address,
+                State.HANDSHAKING,
+                now + self._head_seconds,
+                accepted_at=now,
+                head_started=now,
             )
             if self._tls is None:
                 connection.state = State.READING_HEADERS
@@ -405,7 +412,8 @@ class Edge:
 
     def _begin_head(self, connection: Connection) -> None:
         connection.state = State.READING_HEADERS
-        connection.deadline = self._clock() + self._head_seconds
+        connection.head_started = self._clock()
+        connection.deadline = connection.head_started + self._head_seconds
         self._arriving[connection] = None
 
     def _advance(self, connection: Connection) -> None:

@@ -28,6 +28,9 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # When the edge took the call (`now()`), in its WSGI environment: its caller's clock started then.
 ACCEPTED_AT = "hooks.accepted_at"
+# The work of a call (its reads, its child) ends this long before its answer is due: time to
+# decide, encode and write the answer, a denial naming the read that did not finish included.
+ANSWER_RESERVE_SECONDS = 0.25
 # A call refused for a queue of calls ahead of it: a second lets the queue drain.
 BUSY_RETRY_AFTER_SECONDS = 1
 # The one clock of a call's time: the edge's, the deadline's, the log line's.
@@ -58,7 +61,13 @@ class Call:
         return now() - self.started
 
     def left_seconds(self) -> float:
-        return max(0.0, self.deadline - now())
+        """What is left for the call's work: until `work_ends`."""
+        return max(0.0, self.work_ends - now())
+
+    @property
+    def work_ends(self) -> float:
+        """When the call's reads and computation must be over for its answer to be in time."""
+        return self.deadline - min(ANSWER_RESERVE_SECONDS, (self.deadline - self.started) / 10)
 
 
 def begin_call(answer_within: float = float("inf")) -> Call:

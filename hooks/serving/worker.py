@@ -219,7 +219,9 @@ class HookWorker(ThreadWorker):
             connection.owner_state = tconn
         gthread.give_back(tconn, head_bytes + rest)
         self._edge.hand_off(connection)
-        self._taken[id(connection.sock)] = http.now()
+        # The call's clock starts with its request: at accept, or when a kept-alive connection
+        # sent again (the edge's clock is the call's, `http.now`).
+        self._taken[id(connection.sock)] = connection.head_started or http.now()
         self._backlog.handed()
         future = self.tpool.submit(self.handle, tconn)
         future.add_done_callback(
