@@ -261,8 +261,8 @@ def wrk_crowd(url: str, seconds: float, callers: int) -> dict[str, float]:
         script.write(WRK_SCRIPT % (body, TOKEN))
         script.flush()
         run = subprocess.run(
-            ["wrk", f"-t{min(2, callers)}", f"-c{callers}", f"-d{seconds:g}s", "--latency", "--timeout", "60s",
-             "-s", script.name, f"{url}/status/customize"],
+            ["wrk", f"-t{min(2, callers)}", f"-c{callers}", f"-d{seconds:g}s", "--latency",
+             "--timeout", "60s", "-s", script.name, f"{url}/status/customize"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
     out = run.stdout
