@@ -514,10 +514,6 @@ class Snapshot:
         return verdict.allowed, verdict.message
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 class CountedReader(BudgetReader):
     """The service's reader, counting the LISTs of releases each review makes."""
 
@@ -607,3 +603,7 @@ def root_beside(count: int, apps: int = 5, reviews: int = 50) -> int:
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
     return 0 if all(ok for _, ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

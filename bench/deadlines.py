@@ -8,8 +8,8 @@ server on 127.0.0.1 whose answers are, in turn, prompt (the baseline), delayed 2
 trickled one byte a second (each gap within the read timeout), and prompt again. In each phase,
 budget reviews (a pool of a bounded tenant, so every review reads the API) and status syncs
 (each reading the KubeVirt CR) are sent at once, and each call's time and answer are recorded:
-every review must be answered within the webhook's timeout less its margin (9 s of 10), every
-status sync within its hook timeout less its margin (29 s of 30); after the API server recovers,
+every review must be answered within the webhook's timeout less its margin, every status sync
+within its hook timeout less its margin; after the API server recovers,
 the next status sync sees KubeVirt again; and no call is left in progress.
 
 `--keep-alive-callers` runs 300 callers, each on a kept-alive connection, sending status
