@@ -255,7 +255,15 @@ def _start(child: BaseProcess, deadline: float) -> None:
                     "StartTimedOut", ["the fork server did not start a child in time"]
                 )
     if failure:
-        raise failure[0]
+        error = failure[0]
+        if isinstance(error, EOFError | OSError):
+            # The fork server died (killed, or out of memory) under the call: the next call
+            # starts a new one (multiprocessing does, when it finds the old one gone).
+            raise FailedElsewhere(
+                "ForkServerDied",
+                [f"the fork server did not start the child ({type(error).__name__})"],
+            )
+        raise error
 
 
 def _await_end(ours: Connection, kubevirt: Callable[[], KubeVirtView], deadline: float) -> Ended:

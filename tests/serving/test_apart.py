@@ -640,11 +640,36 @@ def test_a_child_the_fork_server_starts_too_late_is_given_up_then_killed() -> No
     assert late.started_by == ("fork server start", True)
 
 
-def test_a_child_that_cannot_be_started_raises_its_error_at_once() -> None:
+@pytest.mark.parametrize("error", [EOFError(), ConnectionRefusedError(), BrokenPipeError()])
+def test_a_fork_server_that_died_is_a_named_failure_at_once(error: BaseException) -> None:
+    """Answered 500 naming it (`ForkServerDied`, counted so), never an unexpected error; at once,
+    not at the call's deadline."""
     started = time.monotonic()
-    with pytest.raises(OSError, match="no fork server"):
-        apart._start(FakeChild(error=OSError("no fork server")), started + 30)  # type: ignore[arg-type]
-    assert time.monotonic() - started < 5
+    with pytest.raises(FailedElsewhere) as failed:
+        apart._start(FakeChild(error=error), started + 30)  # type: ignore[arg-type]
+    assert failed.value.error_type == "ForkServerDied"
+    assert failed.value.frames == [
+        f"the fork server did not start the child ({type(error).__name__})"
+    ]
+    assert time.monotonic() - started < 15
+
+
+def test_a_fork_server_killed_under_load_is_started_again_for_the_next_call(
+    settings: Settings,
+) -> None:
+    apart.start()
+    forkserver = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]
+    os.kill(forkserver._forkserver_pid, signal.SIGKILL)
+    answers = []
+    for _ in range(3):
+        try:
+            answers.append(
+                apart.compute(hook_of(digest), inputs(settings), no_view, iter([b"{}"]), 2, 30.0)
+            )
+        except FailedElsewhere as failure:
+            assert failure.error_type == "ForkServerDied"
+    assert answers, "no call was answered after the fork server died"
+    assert hook_children() == []
 
 
 def test_a_child_dead_before_its_body_is_handed_over_is_a_failure_naming_the_hook(
