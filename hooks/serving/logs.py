@@ -1,13 +1,23 @@
-"""Structured logs: one JSON object per line, fields given explicitly, never object contents."""
+"""Structured logs: one JSON object per line, fields given explicitly, never object contents.
+
+Logging never blocks serving: a line is formatted by whoever logs it, then handed to a bounded
+queue that one writer thread drains into stderr. When stderr is not read (a stalled log
+pipeline), the writer waits, the queue fills, and further lines are dropped and counted instead
+of holding the event loop or a hook's thread; the writer says how many once it can write again.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import queue
 import sys
+import threading
+import time
 import traceback
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 LOGGER = logging.getLogger("gpuclass_hooks")
 
@@ -32,12 +42,86 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, separators=(",", ":"), default=str)
 
 
+QUEUED_LINES = 10_000
+FLUSH_SECONDS = 1.0
+
+
+class QueuedStream(logging.Handler):
+    """Lines for `stream`, written by one thread of this process; a line that finds the queue
+    full is dropped and counted, never waited for."""
+
+    def __init__(self, stream: TextIO, capacity: int = QUEUED_LINES) -> None:
+        super().__init__()
+        self.stream = stream
+        self.dropped = 0  # since the process started
+        self._capacity = capacity
+        self._unsaid = 0  # dropped since the writer last said so
+        self._count = threading.Lock()
+        self._writer_pid = -1
+        self._lines: queue.Queue[str] = queue.Queue(capacity)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:
+            self.handleError(record)
+            return
+        if self._writer_pid != os.getpid():
+            self._start_writer()  # this process's own: a forked worker has no thread of its parent
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            with self._count:
+                self.dropped += 1
+                self._unsaid += 1
+
+    def _start_writer(self) -> None:
+        with self._count:
+            if self._writer_pid == os.getpid():
+                return
+            self._lines = queue.Queue(self._capacity)
+            self._writer_pid = os.getpid()
+        threading.Thread(target=self._write_forever, name="log writer", daemon=True).start()
+
+    def _write_forever(self) -> None:
+        lines = self._lines
+        while True:
+            line = lines.get()
+            self._write(line)
+            lines.task_done()
+            with self._count:
+                unsaid, self._unsaid = self._unsaid, 0
+            if unsaid:
+                record = logging.LogRecord(LOGGER.name, logging.WARNING, "", 0, "", (), None)
+                record.msg = "log lines dropped"
+                record.fields = {"count": unsaid, "reason": "stderr was not read in time"}
+                self._write(self.format(record))
+
+    def flush(self, seconds: float = FLUSH_SECONDS) -> None:
+        """Wait, at most `seconds`, for the lines queued so far to be written (at exit)."""
+        end = time.monotonic() + seconds
+        while self._lines.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _write(self, line: str) -> None:
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr closed: nothing to tell anyone
+
+
+def dropped_lines() -> int:
+    """Log lines this process dropped because stderr was not read in time."""
+    return sum(h.dropped for h in LOGGER.handlers if isinstance(h, QueuedStream))
+
+
 def configure(level: str = "info") -> None:
-    """Send the service's logs to stderr as JSON lines, from `level` up (idempotent: a second
-    call changes nothing)."""
+    """Send the service's logs to stderr as JSON lines, from `level` up, through a queue that
+    never blocks the caller (idempotent: a second call changes nothing)."""
     if any(isinstance(h.formatter, JsonFormatter) for h in LOGGER.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = QueuedStream(sys.stderr)
     handler.setFormatter(JsonFormatter())
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level.upper())

@@ -22,13 +22,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hooks.controllers.status import ClassComputation
 from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.routes import BudgetUsageObserved, LicenseCopiesObserved, Observation
 from hooks.rules.budget.usage import PoolUse
+from hooks.serving import logs
 from hooks.serving.edge import DROP_REASONS, TLS_FAILURE_REASONS
 from hooks.serving.memory import MemoryBudget
 
@@ -251,6 +252,22 @@ class ConnectionCollector(Collector):
         yield GaugeMetricFamily("cozystack_gpu_hook_connections", "", labels=["listener", "state"])
 
 
+class LogCollector(Collector):
+    """Log lines this process dropped because stderr was not read in time (`hooks.serving.logs`),
+    read when scraped."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "cozystack_gpu_log_lines_dropped",
+            "Log lines dropped because stderr was not read in time (a stalled log pipeline); "
+            "serving never waits for it",
+            value=logs.dropped_lines(),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("cozystack_gpu_log_lines_dropped", "", value=0)
+
+
 class Metrics:
     """Everything the service exports, in its own registry (one per app, so tests are isolated).
     Class series older than `stale_after_seconds` are dropped at scrape."""
@@ -349,6 +366,7 @@ class Metrics:
         )
         self._connections = ConnectionCollector()
         self.registry.register(self._connections)
+        self.registry.register(LogCollector())
 
         self.memory_budget = Gauge(
             "cozystack_gpu_hook_memory_budget_bytes",

@@ -57,8 +57,10 @@ class JsonGunicornLogger(Logger):
 
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
-        for handler in self.error_log.handlers:
-            handler.setFormatter(logs.JsonFormatter())
+        # Through the same queue as the service's lines: a stalled stderr never holds a worker.
+        queued = logs.QueuedStream(sys.stderr)
+        queued.setFormatter(logs.JsonFormatter())
+        self.error_log.handlers = [queued]
 
 
 def gunicorn_options(settings: Settings, options: ServeOptions) -> dict[str, Any]:

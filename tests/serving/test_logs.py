@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,7 @@ from werkzeug.exceptions import BadRequest
 
 from hooks.serving import http
 from hooks.serving.app import create_app
-from hooks.serving.logs import LOGGER, JsonFormatter, configure, log
+from hooks.serving.logs import LOGGER, JsonFormatter, QueuedStream, configure, log
 from hooks.serving.memory import MemoryBudget
 from hooks.settings import Settings
 from tests.builders import (
@@ -172,6 +175,7 @@ def test_configure_sends_json_lines_to_stderr_once(
     assert LOGGER.propagate is False
     log(logging.INFO, "not shown")
     log(logging.WARNING, "shown", n=1)
+    LOGGER.handlers[0].flush()  # written by the writer thread
     captured = capsys.readouterr()
     assert captured.out == ""
     [line] = captured.err.splitlines()
@@ -249,3 +253,44 @@ def test_a_call_logs_how_long_it_took_from_its_start_in_milliseconds_to_a_tenth(
         client.post("/status/customize", data=example_of("/status/customize"))
     [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
     assert call["duration_ms"] == 12.3
+
+
+def test_a_stalled_stderr_never_holds_whoever_logs_and_the_drops_are_counted_then_said() -> None:
+    """A pipe nobody reads fills at 64 KiB: the writer thread waits on it, the queue fills, and
+    lines are dropped and counted; once the pipe is read again, the writer says how many."""
+    reading, writing = os.pipe()
+    stream = os.fdopen(writing, "w")
+    handler = QueuedStream(stream, capacity=50)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("gpuclass_hooks.test.stalled")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        done = threading.Event()
+
+        def flood() -> None:
+            for index in range(2000):
+                logger.warning("x" * 1000, extra={"fields": {"index": index}})
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(30), "logging waited for the stalled stderr"
+        assert handler.dropped > 0
+        drained = bytearray()
+
+        def drain() -> None:
+            while piece := os.read(reading, 1 << 16):
+                drained.extend(piece)
+
+        threading.Thread(target=drain, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while b'"event":"log lines dropped"' not in drained:
+            assert time.monotonic() < deadline, "the drops were never said"
+            time.sleep(0.05)
+        said = [json.loads(line) for line in drained.splitlines() if b"log lines dropped" in line]
+        assert sum(line["count"] for line in said) <= handler.dropped
+        assert said[0]["reason"] == "stderr was not read in time"
+    finally:
+        logger.removeHandler(handler)
+        stream.close()
+        os.close(reading)
