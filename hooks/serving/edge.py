@@ -20,6 +20,7 @@ import math
 import os
 import socket
 import ssl
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -169,9 +170,11 @@ class TlsSource:
     """
 
     def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
-        self._files = (cert, key, *((client_ca,) if client_ca else ()))
+        self.files = self._files = (cert, key, *((client_ca,) if client_ca else ()))
         self._client_ca = client_ca
         self._stamp: tuple[tuple[int, int, int], ...] | None = None
+        self.problem: str | None = None  # why the files, changed, do not load (None: they do)
+        self._reloading = threading.Lock()
         # a pair that does not load at start is a boot failure
         self._context, self.not_after = self._load()
         self._stamp = self._stamps()
@@ -201,18 +204,39 @@ class TlsSource:
         return context, ends
 
     def context(self) -> ssl.SSLContext:
-        """The current context: the files' if they changed and load as a pair, else the last."""
+        """The current context: the files' if they changed and load as a pair, else the last.
+        Safe from any thread: the event loop and the credential watch both ask."""
         before = self._stamps()
         if before is None or before == self._stamp:
+            self.problem = "a file is missing" if before is None else None
             return self._context
+        with self._reloading:
+            return self._reload(before)
+
+    def _reload(self, before: tuple[tuple[int, int, int], ...]) -> ssl.SSLContext:
         try:
             context, ends = self._load()
-        except (OSError, ssl.SSLError, ValueError):
-            return self._context  # straddled a swap, or a file is missing for a moment
+        except (OSError, ssl.SSLError, ValueError) as error:
+            # straddled a swap, a file missing for a moment, or a pair that will never load: the
+            # last good one is served; `problem` says why (a watcher reports it if it lasts)
+            self.problem = _load_problem(error)
+            return self._context
+        self.problem = None
         self._context, self.not_after = context, ends
         if self._stamps() == before:  # nothing moved while it was read: this generation is done
             self._stamp = before
         return context
+
+
+def _load_problem(error: BaseException) -> str:
+    """Why a pair did not load, in words that name no content."""
+    if isinstance(error, FileNotFoundError):
+        return "a file is missing"
+    if isinstance(error, ssl.SSLError):
+        return f"does not load: {getattr(error, 'reason', None) or type(error).__name__}"
+    if isinstance(error, OSError):
+        return f"unreadable ({error.strerror})"
+    return "does not load"
 
 
 @dataclass(eq=False)

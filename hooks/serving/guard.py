@@ -24,7 +24,7 @@ class Refusal:
 class Guard:
     def __init__(self, settings: Settings, tokens: TokenFile | None) -> None:
         self._settings = settings
-        self._tokens = tokens
+        self.tokens = self._tokens = tokens
         self.hooks: Mapping[str, Hook] = {hook.path: hook for hook in HOOKS}
 
     def body_limit(self, hook: Hook) -> int:

@@ -16,6 +16,7 @@ under the head deadline from accept, for a bounded number of connections, and an
 
 from __future__ import annotations
 
+import json
 import logging
 import selectors
 import socket
@@ -45,6 +46,8 @@ class ServiceState:
 
     def __init__(self) -> None:
         self._draining = threading.Event()
+        # Why the process may not report ready yet (a credential never valid), if anything.
+        self.unready: Callable[[], list[str]] = list
 
     @property
     def draining(self) -> bool:
@@ -71,6 +74,9 @@ def health_routes(state: ServiceState) -> dict[str, Route]:
     def readyz(headers: dict[str, str]) -> Reply:
         if state.draining:
             return Reply(503, b'{"error":"shutting down"}')
+        reasons = state.unready()
+        if reasons:
+            return Reply(503, json.dumps({"error": "not ready", "why": reasons}).encode())
         return Reply(200, b'{"status":"ready"}')
 
     return {"/healthz": healthz, "/readyz": readyz}

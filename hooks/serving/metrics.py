@@ -30,6 +30,7 @@ from hooks.kubeapi.kubevirt import ReadOutcome
 from hooks.routes import BudgetUsageObserved, LicenseCopiesObserved, Observation
 from hooks.rules.budget.usage import PoolUse
 from hooks.serving import logs
+from hooks.serving.credentials import CredentialWatch
 from hooks.serving.edge import DROP_REASONS, TLS_FAILURE_REASONS
 from hooks.serving.memory import MemoryBudget
 
@@ -252,6 +253,40 @@ class ConnectionCollector(Collector):
         yield GaugeMetricFamily("cozystack_gpu_hook_connections", "", labels=["listener", "state"])
 
 
+class CredentialCollector(Collector):
+    """Each credential file's state (`hooks.serving.credentials`), read when scraped."""
+
+    def __init__(self) -> None:
+        self._watch: CredentialWatch | None = None
+
+    def watch(self, watch: CredentialWatch) -> None:
+        self._watch = watch
+
+    def collect(self) -> Iterator[Metric]:
+        valid = GaugeMetricFamily(
+            "cozystack_gpu_hook_credential_valid",
+            "1 while a credential file (token, serving_pair) reads valid; 0 while it is missing, "
+            "unreadable, empty or does not load (the last good material is kept, or no token)",
+            labels=["kind"],
+        )
+        since = GaugeMetricFamily(
+            "cozystack_gpu_hook_credential_changed_timestamp_seconds",
+            "When a credential file last became valid or invalid (Unix time)",
+            labels=["kind"],
+        )
+        for item in self._watch.watched if self._watch else ():
+            valid.add_metric([item.kind], 1.0 if item.valid else 0.0)
+            since.add_metric([item.kind], item.since)
+        yield valid
+        yield since
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("cozystack_gpu_hook_credential_valid", "", labels=["kind"])
+        yield GaugeMetricFamily(
+            "cozystack_gpu_hook_credential_changed_timestamp_seconds", "", labels=["kind"]
+        )
+
+
 class LogCollector(Collector):
     """Log lines this process dropped because stderr was not read in time (`hooks.serving.logs`),
     read when scraped."""
@@ -367,6 +402,8 @@ class Metrics:
         self._connections = ConnectionCollector()
         self.registry.register(self._connections)
         self.registry.register(LogCollector())
+        self._credentials = CredentialCollector()
+        self.registry.register(self._credentials)
 
         self.memory_budget = Gauge(
             "cozystack_gpu_hook_memory_budget_bytes",
@@ -413,6 +450,9 @@ class Metrics:
     def exposition(self) -> tuple[bytes, str]:
         """What a scrape gets: every series in the text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def watch_credentials(self, watch: CredentialWatch) -> None:
+        self._credentials.watch(watch)
 
     def watch_threads(self, threads: int, queued: Callable[[], int]) -> None:
         """Export the worker's thread count, and read its queue of waiting calls at each scrape."""

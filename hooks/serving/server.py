@@ -18,6 +18,8 @@ from gunicorn.glogging import Logger
 from hooks.serving import apart, gthread, listeners, logs
 from hooks.serving.app import create_app, stale_after_seconds
 from hooks.serving.auth import TokenFile
+from hooks.serving.credentials import CredentialWatch, Watched
+from hooks.serving.edge import TlsSource
 from hooks.serving.guard import Guard
 from hooks.serving.metrics import Metrics
 from hooks.serving.worker import HookWorker
@@ -119,6 +121,10 @@ class HookServer(BaseApplication):
         assert metrics is not None, "gunicorn loads the app before it starts the worker"
         self.drain_on_sigterm(worker)
         worker.serve_edge(settings, self.guard, metrics)
+        watch = credential_watch(self.guard.tokens, worker.tls)
+        metrics.watch_credentials(watch)
+        self.state.unready = watch.unready
+        watch.start()
         metrics.watch_threads(options.threads, gthread.queued_calls(worker))
         # Each worker has its own fork server for large calls, started before the first one
         # arrives (which would otherwise wait for it to import the hooks), and before the probes
@@ -143,6 +149,22 @@ class HookServer(BaseApplication):
             timer.start()
 
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def credential_watch(tokens: TokenFile | None, tls: TlsSource | None) -> CredentialWatch:
+    """The worker's credential files, watched: the hook token file, the serving pair."""
+    watched = []
+    if tokens is not None:
+        watched.append(Watched("token", str(tokens.path), tokens.problem))
+    if tls is not None:
+        source = tls
+
+        def pair_problem() -> str | None:
+            source.context()  # loads the files again if they changed
+            return source.problem
+
+        watched.append(Watched("serving_pair", str(source.files[0]), pair_problem))
+    return CredentialWatch(watched)
 
 
 def run(settings: Settings, options: ServeOptions) -> int:

@@ -132,6 +132,7 @@ class HookWorker(ThreadWorker):
         self._guard = guard
         self._metrics = metrics
         self._settings = settings
+        self.tls = tls
         self._backlog = Backlog(self.cfg.threads)
         self._secure = tls is not None
         self._edge = edge.Edge(

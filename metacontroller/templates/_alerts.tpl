@@ -121,6 +121,15 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: "The hooks refuse more than one call a minute for want of memory (429)"
       description: "Calls wait for the memory budget and are refused after memoryBudget.waitSeconds; Metacontroller retries them, but syncs are late. Shrink the requests (selectors.nodes, selectors.pods) or raise resources.limits.memory."
       runbook_url: {{ printf "%s#gpuclasshookmemorybudgetrefusals" $runbooks | quote }}
+  - alert: GPUClassHookCredentialInvalid
+    expr: min by (kind, instance) (cozystack_gpu_hook_credential_valid) == 0
+    for: 2m
+    labels:
+      severity: critical
+    annotations:
+      summary: {{ `A replica's {{ $labels.kind }} file is invalid` | quote }}
+      description: "A credential file the hooks read is missing, unreadable, empty or does not load. A token file that reads so accepts no token: every Metacontroller call gets 401. A serving pair that does not load leaves the last good one served until a restart, which then fails. The replica's log names the file and what is wrong."
+      runbook_url: {{ printf "%s#gpuclasshookcredentialinvalid" $runbooks | quote }}
   - alert: GPUClassHooksQueueing
     expr: (sum(rate(cozystack_gpu_hook_thread_wait_seconds_sum[10m])) / sum(rate(cozystack_gpu_hook_thread_wait_seconds_count[10m])) > 0.5) or (sum(rate(cozystack_gpu_hook_calls_refused_busy_total[10m])) * 60 > 1)
     for: 15m

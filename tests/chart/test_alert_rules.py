@@ -227,6 +227,18 @@ CASES = [
         summary="The hooks refuse more than one call a minute for want of memory (429)",
     ),
     Case(
+        "GPUClassHookCredentialInvalid",
+        firing=[('cozystack_gpu_hook_credential_valid{kind="token", instance="a"}', "0x40")],
+        quiet=[
+            ('cozystack_gpu_hook_credential_valid{kind="token", instance="a"}', "1x40"),
+            ('cozystack_gpu_hook_credential_valid{kind="serving_pair", instance="a"}', "1x40"),
+        ],
+        quiet_until="1m",
+        fires_at="3m",
+        labels={"kind": "token", "instance": "a"},
+        summary="A replica's token file is invalid",
+    ),
+    Case(
         "GPUClassHooksQueueing",
         firing=[
             ('cozystack_gpu_hook_thread_wait_seconds_sum{instance="a"}', "0+60x40"),

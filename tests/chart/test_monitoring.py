@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.serving.app import create_app
+from hooks.serving.credentials import CredentialWatch, Watched
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from tests.builders import (
@@ -83,6 +84,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
         client.post("/status/sync", data=b"not json")
         metrics.watch_tls("hooks", lambda: 2e9)  # what a TLS listener registers
         metrics.watch_client_certificates(lambda: 2e9)  # what a TLS listener registers
+        metrics.watch_credentials(CredentialWatch([Watched("token", "/tokens", lambda: None)]))
         text = metrics.exposition()[0].decode()
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
@@ -239,6 +241,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
         "GPUBudgetPoolOverBudget",
         "GPUClassHookMemoryBudgetRefusals",
         "GPUClassHooksQueueing",
+        "GPUClassHookCredentialInvalid",
         "GPUClassHookStalledBodies",
     }
     for rule in rules():

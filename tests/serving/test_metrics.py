@@ -10,6 +10,7 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.serving.app import create_app, stale_after_seconds
+from hooks.serving.credentials import CredentialWatch, Watched
 from hooks.serving.listeners import metrics_routes
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
@@ -296,6 +297,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
     metrics.watch_connections("hooks", lambda: {"idle": 1})
     metrics.watch_tls("hooks", lambda: 2e9)
     metrics.watch_client_certificates(lambda: 2e9)
+    metrics.watch_credentials(CredentialWatch([Watched("token", "/tokens", lambda: None)]))
     assert exported_families(metrics) == FAMILIES.read_text().splitlines()
 
 
