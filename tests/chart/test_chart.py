@@ -168,10 +168,14 @@ def test_settings_checksum_changes_hook_urls_when_customize_settings_change(
     default_render: list[dict[str, Any]],
 ) -> None:
     before = {h["webhook"]["url"] for h in hooks_of(default_render).values()}
+    # every value a customize answer is built from (hooks/controllers: selectors, the GPU
+    # switch, the entitlement label, the namespaces a license source may live in)
     for change in (
         "selectors.nodes=nvidia.com/gpu.present=true",
+        "selectors.pods=app=vm",
         "gpu.enabled=false",
         "license.namespaceLabel=x/y",
+        "license.namespaces={cozy-gpu-operator,gpu-licenses}",
     ):
         after = {h["webhook"]["url"] for h in hooks_of(render(change)).values()}
         assert before.isdisjoint(after), change

@@ -171,3 +171,23 @@ def test_the_edge_refuses_at_once_a_call_that_would_wait_past_half_its_time(
     worker._backlog.busy = 2  # 5 s away: past half of a review's 9
     assert worker._busy(review) is not None
     assert worker._metrics.calls_refused_busy._value.get() == 2.0
+
+
+def test_a_call_the_edge_refuses_is_counted_under_its_route_or_unmatched(
+    settings: Settings,
+) -> None:
+    """Every scanner path its own series would explode the metrics: a path that is no hook is
+    counted as `unmatched`, as the app counts it."""
+    worker = object.__new__(HookWorker)
+    worker._guard, worker._metrics = Guard(settings, None), Metrics(180.0)
+    for path in (b"/wp-admin/setup.php", b"/status/customize"):
+        head = edge.parse_head(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert head is not None
+        worker._refused(head, 405, "no", since=http.now())
+    routes = {
+        sample.labels["route"]
+        for family in worker._metrics.registry.collect()
+        if family.name == "cozystack_gpu_hook_requests"
+        for sample in family.samples
+    }
+    assert routes == {"unmatched", "/status/customize"}

@@ -478,6 +478,8 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
     try:
         raw = running.connect()
         assert running.edge.counts()["handshaking"] == 1
+        # one state at a time: the states add up to what is open
+        assert running.edge.counts()["reading_headers"] == 0
         client = ssl.create_default_context()
         ca.configure_trust(client)
         raw.setblocking(False)
@@ -584,3 +586,46 @@ def test_each_openssl_reason_of_a_failed_handshake_maps_to_one_bounded_reason(
     error.reason = code  # type: ignore[misc]
     assert edge.tls_failure_reason(error) == reason
     assert reason in edge.TLS_FAILURE_REASONS
+
+
+def test_the_client_certificate_expiry_follows_the_certificate_last_presented(
+    tmp_path: Path,
+) -> None:
+    """After a documented renewal, Metacontroller presents the new certificate: the gauge (and
+    GPUClassHookClientCertificateExpiresSoon) follow it, not the first one a worker saw."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "client-ca.crt"))
+    running = Loop()
+    running.edge._tls = edge.TlsSource(
+        tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "client-ca.crt"
+    )
+    seen = []
+    try:
+        for days in (10, 90):
+            client_cert = ca.issue_cert(
+                "metacontroller", not_after=datetime.now(UTC) + timedelta(days=days)
+            )
+            client = ssl.create_default_context()
+            ca.configure_trust(client)
+            client_cert.configure_cert(client)
+            raw = running.connect()
+            raw.setblocking(False)
+            tls = client.wrap_socket(
+                raw, server_hostname="127.0.0.1", do_handshake_on_connect=False
+            )
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                try:
+                    tls.do_handshake()
+                    break
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    running.turn(1)
+            running.turn()
+            seen.append(running.edge.client_not_after)
+            tls.close()
+        assert seen[1] - seen[0] == pytest.approx(80 * 86400, abs=60)
+    finally:
+        running.close()
