@@ -67,12 +67,31 @@ def _own_fork_server() -> None:
     what needs this. It resets multiprocessing's own record of its fork server, which has no
     public way to forget one.
     """
+    _forget_fork_server()
+    server: Any = multiprocessing.forkserver._forkserver
+    server._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+def _forget_fork_server() -> None:
+    """Forget the fork server (after a fork, or when it died under a call): the next call
+    starts a new one. multiprocessing restarts one it finds dead only if it can still wait for
+    it, which a fork server reaped elsewhere, or killed mid-call, does not always allow."""
     server: Any = multiprocessing.forkserver._forkserver
     if server._forkserver_alive_fd is not None:
         with suppress(OSError):
             os.close(server._forkserver_alive_fd)  # this copy alone would keep it alive
     server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
-    server._lock = threading.Lock()  # another thread may have held it at the fork
+
+
+def _fork_server_died() -> None:
+    """Forget the fork server that died under a call, reaping it if this process can."""
+    server: Any = multiprocessing.forkserver._forkserver
+    with server._lock:
+        pid = server._forkserver_pid
+        if pid is not None:
+            with suppress(OSError):
+                os.waitpid(pid, os.WNOHANG)
+        _forget_fork_server()
 
 
 os.register_at_fork(after_in_child=_own_fork_server)
@@ -258,7 +277,8 @@ def _start(child: BaseProcess, deadline: float) -> None:
         error = failure[0]
         if isinstance(error, EOFError | OSError):
             # The fork server died (killed, or out of memory) under the call: the next call
-            # starts a new one (multiprocessing does, when it finds the old one gone).
+            # starts a new one.
+            _fork_server_died()
             raise FailedElsewhere(
                 "ForkServerDied",
                 [f"the fork server did not start the child ({type(error).__name__})"],
