@@ -154,6 +154,18 @@ def gpuclass(name: str, resource: str) -> dict[str, Any]:
     }
 
 
+def prepare(plane: ControlPlane) -> None:
+    """Cozystack's app CRDs, the chart's GPUClass CRD, and two classes."""
+    crds = yaml.safe_load((ROOT / "tests/manifests/cozystack-crds.yaml").read_text())
+    plane.apply(*crds["documents"])
+    plane.apply(
+        yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
+    )
+    plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
+    plane.wait_established("gpuclasses.cozystack.io")
+    plane.apply(gpuclass("l40s", L40S), gpuclass("h100", H100))
+
+
 def create(plane: ControlPlane, obj: dict[str, Any]) -> None:
     metadata = obj["metadata"]
     if obj["kind"] == "Namespace":
@@ -407,14 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp)) as plane:
         workdir = Path(tmp)
-        crds = yaml.safe_load((ROOT / "tests/manifests/cozystack-crds.yaml").read_text())
-        plane.apply(*crds["documents"])
-        plane.apply(
-            yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
-        )
-        plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
-        plane.wait_established("gpuclasses.cozystack.io")
-        plane.apply(gpuclass("l40s", L40S), gpuclass("h100", H100))
+        prepare(plane)
         create(
             plane, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-root"}}
         )
@@ -534,14 +539,7 @@ def root_beside(count: int, apps: int = 5, reviews: int = 50) -> int:
     against one in a small pool: the LISTs each makes, and its time, in process against a real
     kube-apiserver (docs/gpu-budgets.md, "Reads by shape")."""
     with tempfile.TemporaryDirectory() as tmp, control_plane(Path(tmp)) as plane:
-        crds = yaml.safe_load((ROOT / "tests/manifests/cozystack-crds.yaml").read_text())
-        plane.apply(*crds["documents"])
-        plane.apply(
-            yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
-        )
-        plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
-        plane.wait_established("gpuclasses.cozystack.io")
-        plane.apply(gpuclass("l40s", L40S), gpuclass("h100", H100))
+        prepare(plane)
         objects: list[dict[str, Any]] = [
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-root"}},
             release("Tenant", "tenant-root", "root", {}),

@@ -116,7 +116,9 @@ def stub_api() -> Iterator[tuple[str, Stub]]:
 
 
 @contextmanager
-def tls_settings() -> Iterator[tuple[dict[str, str], str]]:
+def tls_settings(**extra: str) -> Iterator[tuple[dict[str, str], str]]:
+    """The service's settings as the chart runs it (a serving certificate, a token file), and
+    the CA file its callers trust: for every benchmark that calls it over TLS with the token."""
     with tempfile.TemporaryDirectory() as tmp:
         ca = trustme.CA()
         leaf = ca.issue_cert("127.0.0.1")
@@ -125,16 +127,13 @@ def tls_settings() -> Iterator[tuple[dict[str, str], str]]:
         leaf.private_key_pem.write_to_path(str(files["tls.key"]))
         ca.cert_pem.write_to_path(str(files["ca.crt"]))
         files["tokens"].write_text(TOKEN + "\n")
-        yield (
-            {
-                "GPUCLASS_TLS_CERT_FILE": str(files["tls.crt"]),
-                "GPUCLASS_TLS_KEY_FILE": str(files["tls.key"]),
-                "GPUCLASS_AUTH_TOKEN_FILE": str(files["tokens"]),
-                "GPUCLASS_KUBEVIRT_CACHE_SECONDS": "0",
-                "GPUCLASS_KUBE_TIMEOUT_SECONDS": "3",
-            },
-            str(files["ca.crt"]),
-        )
+        settings = {
+            "GPUCLASS_TLS_CERT_FILE": str(files["tls.crt"]),
+            "GPUCLASS_TLS_KEY_FILE": str(files["tls.key"]),
+            "GPUCLASS_AUTH_TOKEN_FILE": str(files["tokens"]),
+            **extra,
+        }
+        yield settings, str(files["ca.crt"])
 
 
 @dataclass
@@ -169,7 +168,10 @@ def sync_call(url: str, verify: str) -> tuple[float, str]:
 def slow_api() -> int:
     with (
         stub_api() as (api, stub),
-        tls_settings() as (settings, verify),
+        tls_settings(GPUCLASS_KUBEVIRT_CACHE_SECONDS="0", GPUCLASS_KUBE_TIMEOUT_SECONDS="3") as (
+            settings,
+            verify,
+        ),
         serve(api, threads=64, settings=settings) as server,
     ):
         phases = []

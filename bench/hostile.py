@@ -20,7 +20,6 @@ import resource
 import selectors
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from contextlib import suppress
@@ -28,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
-import trustme
 
+from bench.deadlines import TOKEN, tls_settings
 from bench.run import serve
 
-TOKEN = "bench-token"
 HEAD_SECONDS = 10.0
 TRICKLING, STALLED, IDLE = 100, 200, 2000
 ATTACK_SECONDS = 30.0
@@ -242,22 +240,8 @@ def timed_calls(
 def hostile_clients(api: str) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
-    with tempfile.TemporaryDirectory() as tmp:
-        ca = trustme.CA()
-        leaf = ca.issue_cert("127.0.0.1")
-        files = {name: Path(tmp, name) for name in ("tls.crt", "tls.key", "ca.crt", "tokens")}
-        leaf.private_key_and_cert_chain_pem.write_to_path(str(files["tls.crt"]))
-        leaf.private_key_pem.write_to_path(str(files["tls.key"]))
-        ca.cert_pem.write_to_path(str(files["ca.crt"]))
-        files["tokens"].write_text(TOKEN + "\n")
-        settings = {
-            "GPUCLASS_TLS_CERT_FILE": str(files["tls.crt"]),
-            "GPUCLASS_TLS_KEY_FILE": str(files["tls.key"]),
-            "GPUCLASS_AUTH_TOKEN_FILE": str(files["tokens"]),
-            "GPUCLASS_HEADER_TIMEOUT_SECONDS": str(HEAD_SECONDS),
-        }
-        client = ssl.create_default_context(cafile=str(files["ca.crt"]))
-        verify = str(files["ca.crt"])
+    with tls_settings(GPUCLASS_HEADER_TIMEOUT_SECONDS=str(HEAD_SECONDS)) as (settings, verify):
+        client = ssl.create_default_context(cafile=verify)
         with serve(api, threads=64, settings=settings) as server:
             baseline_failures: list[str] = []
             time.sleep(1)
