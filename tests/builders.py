@@ -15,6 +15,7 @@ import msgspec
 
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
+from hooks.wire.admission import AdmissionRequest, decode_review
 
 GPU = "nvidia.com/NVIDIA_L40S-24Q"
 OTHER_GPU = "nvidia.com/GH100_H100_PCIE"
@@ -360,6 +361,14 @@ def app_object(kind: str, namespace: str, name: str, spec: dict[str, Any]) -> di
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
+
+
+def review_request(
+    kind: str, namespace: str, name: str, spec: Any, **review: Any
+) -> AdmissionRequest:
+    """`admission_review`'s request, decoded as the webhook's route decodes it."""
+    body = admission_review(kind, namespace, name, spec, **review)
+    return decode_review(msgspec.json.encode(body))
 
 
 def admission_review(

@@ -18,7 +18,7 @@ from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, decode_review
 from hooks.wire.problems import BadRequest, Unreadable
-from tests.builders import GPU, OTHER_GPU, admission_review, gpus
+from tests.builders import GPU, OTHER_GPU, admission_review, gpus, review_request
 
 CLASSES = [
     ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU),
@@ -45,32 +45,22 @@ def request(review: dict[str, Any]) -> AdmissionRequest:
     return decode_review(msgspec.json.encode(review))
 
 
-def vm(namespace: str, name: str, *devices: str, old: tuple[str, ...] | None = None) -> Any:
-    operation = "CREATE" if old is None else "UPDATE"
+def vm_review(namespace: str, name: str, *devices: str, old: tuple[str, ...] | None = None) -> Any:
     old_spec = None if old is None else {"gpus": gpus(*old)}
-    review = admission_review(
-        "VMInstance",
-        namespace,
-        name,
-        {"gpus": gpus(*devices)},
-        operation=operation,
-        old_spec=old_spec,
+    operation = "CREATE" if old is None else "UPDATE"
+    spec = {"gpus": gpus(*devices)}
+    return review_request(
+        "VMInstance", namespace, name, spec, operation=operation, old_spec=old_spec
     )
-    return request(review)
 
 
 def tenant_review(name: str, quotas: dict[str, Any], old: dict[str, Any] | None = None) -> Any:
-    operation = "CREATE" if old is None else "UPDATE"
     old_spec = None if old is None else {"resourceQuotas": old}
-    review = admission_review(
-        "Tenant",
-        "tenant-root",
-        name,
-        {"resourceQuotas": quotas},
-        operation=operation,
-        old_spec=old_spec,
+    operation = "CREATE" if old is None else "UPDATE"
+    spec = {"resourceQuotas": quotas}
+    return review_request(
+        "Tenant", "tenant-root", name, spec, operation=operation, old_spec=old_spec
     )
-    return request(review)
 
 
 POOL_A = Tenant("tenant-root", "a", {TOTAL_KEY: 3})
@@ -79,7 +69,7 @@ RENDER = App("tenant-a", "VMInstance", "render", (GPU, GPU))
 
 def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
     inputs = Inputs([POOL_A], [RENDER])
-    outcome = review_app(vm("tenant-a", "new", GPU), inputs)
+    outcome = review_app(vm_review("tenant-a", "new", GPU), inputs)
     assert outcome.verdict.allowed is True
     assert (outcome.kind, outcome.namespace, outcome.name, outcome.operation) == (
         "VMInstance",
@@ -88,7 +78,7 @@ def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
         "CREATE",
     )
     assert outcome.read_inputs is True and inputs.asked == [("tenant-a",)]
-    denied = review_app(vm("tenant-a", "more", GPU, GPU), inputs)
+    denied = review_app(vm_review("tenant-a", "more", GPU, GPU), inputs)
     assert denied.verdict.allowed is False and denied.read_inputs is True
 
 
@@ -99,7 +89,7 @@ class Unlistable(Inputs):
 
 
 def test_a_review_whose_inputs_cannot_be_read_fails_closed_having_tried_to_read_them() -> None:
-    outcome = review_app(vm("tenant-a", "new", GPU), Unlistable([POOL_A]))
+    outcome = review_app(vm_review("tenant-a", "new", GPU), Unlistable([POOL_A]))
     assert outcome.verdict == Verdict(
         False, "GPU budget check failed closed: could not list HelmReleases (HTTP 503)"
     )
@@ -114,8 +104,8 @@ class ClassesUnlistable(Inputs):
 @pytest.mark.parametrize(
     ("review", "inputs", "unread"),
     [
-        (vm("tenant-a", "new", GPU), Unlistable([POOL_A]), "HelmReleases"),
-        (vm("tenant-a", "new", GPU), ClassesUnlistable([POOL_A], [RENDER]), "GPUClasses"),
+        (vm_review("tenant-a", "new", GPU), Unlistable([POOL_A]), "HelmReleases"),
+        (vm_review("tenant-a", "new", GPU), ClassesUnlistable([POOL_A], [RENDER]), "GPUClasses"),
         (
             tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),
             Unlistable([POOL_A]),
@@ -145,13 +135,13 @@ def test_every_review_fails_closed_when_an_input_it_needs_cannot_be_read(
 
 def test_a_review_that_cannot_grow_reads_nothing() -> None:
     inputs = Inputs([POOL_A], [RENDER])
-    outcome = review_app(vm("tenant-a", "render", GPU, old=(GPU, GPU)), inputs)
+    outcome = review_app(vm_review("tenant-a", "render", GPU, old=(GPU, GPU)), inputs)
     assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])
     assert outcome.operation == "UPDATE"
 
 
 def test_the_app_under_review_replaces_its_stored_self_even_when_the_object_has_no_name() -> None:
-    review = vm("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU))
+    review = vm_review("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU))
     nameless = msgspec.json.encode({"spec": {"gpus": gpus(GPU, GPU, GPU)}})
     review = msgspec.structs.replace(review, object=msgspec.Raw(nameless))
     # render grows from 2 to 3 of a pool of 3: counted once, under the request's name, it fits
@@ -164,13 +154,13 @@ def test_an_update_that_moves_a_device_to_another_class_is_checked_for_growth_on
     over = Tenant("tenant-root", "a", {TOTAL_KEY: 2})
     legacy = App("tenant-a", "VMInstance", "legacy", (GPU,))
     inputs = Inputs([over], [RENDER, legacy])
-    moved = review_app(vm("tenant-a", "legacy", OTHER_GPU, old=(GPU,)), inputs)
+    moved = review_app(vm_review("tenant-a", "legacy", OTHER_GPU, old=(GPU,)), inputs)
     assert moved.verdict.allowed is True, moved.verdict.message
     assert moved.read_inputs is True
 
 
 def test_a_review_without_an_object_is_a_bad_request() -> None:
-    review = msgspec.structs.replace(vm("tenant-a", "x", GPU), object=msgspec.Raw(b"null"))
+    review = msgspec.structs.replace(vm_review("tenant-a", "x", GPU), object=msgspec.Raw(b"null"))
     with pytest.raises(BadRequest, match=r"^AdmissionReview request has no object$"):
         review_app(review, Inputs([]))
 
@@ -261,8 +251,8 @@ def test_an_unchanged_worker_pool_cannot_grow_even_in_a_pool_over_budget() -> No
 @pytest.mark.parametrize(
     "review",
     [
-        vm("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU)),  # the app check, pooled
-        vm("tenant-b", "outside", GPU),  # the app check, outside every pool
+        vm_review("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU)),  # the app check, pooled
+        vm_review("tenant-b", "outside", GPU),  # the app check, outside every pool
         tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),  # the declaration gate
         request(admission_review("VMInstance", "tenant-a", "broken", {"gpus": "one"})),
     ],

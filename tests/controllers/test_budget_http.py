@@ -66,19 +66,19 @@ def review(client: FlaskClient, route: str, body: dict[str, Any] | bytes) -> dic
     return answer["response"]
 
 
-def vm(namespace: str, name: str, *resources: str, **kwargs: Any) -> dict[str, Any]:
+def vm_body(namespace: str, name: str, *resources: str, **kwargs: Any) -> dict[str, Any]:
     return admission_review(
         "VMInstance", namespace, name, {"gpus": gpus(*resources), "running": True}, **kwargs
     )
 
 
 def test_within_budget_is_allowed_with_the_uid_echoed(client: FlaskClient) -> None:
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "train", OTHER_GPU))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "train", OTHER_GPU))
     assert answer == {"uid": "8c1f5e2a-0c4d-4b5e-9a51-3d2f1b0e7a11", "allowed": True}
 
 
 def test_over_budget_is_denied_with_403_and_an_actionable_message(client: FlaskClient) -> None:
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "more", GPU))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "more", GPU))
     assert answer["allowed"] is False
     assert answer["status"] == {
         "code": 403,
@@ -91,16 +91,18 @@ def test_over_budget_is_denied_with_403_and_an_actionable_message(client: FlaskC
 
 def test_carve_out_of_a_bounded_sub_tenant(client: FlaskClient) -> None:
     # total 4, 1 carved out for b, 2 reserved by render: one more GPU fits, two do not
-    assert review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))["allowed"]
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU, OTHER_GPU))
+    assert review(client, "/admit/gpu-budget", vm_body("tenant-a", "x", OTHER_GPU))["allowed"]
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "x", OTHER_GPU, OTHER_GPU))
     assert f"{TOTAL_KEY}: this VMInstance needs 2" in answer["status"]["message"]
     assert "1 carved out for sub-tenants" in answer["status"]["message"]
 
 
 def test_update_shrinking_passes_growth_is_denied(client: FlaskClient) -> None:
-    shrink = vm("tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)})
+    shrink = vm_body(
+        "tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)}
+    )
     assert review(client, "/admit/gpu-budget", shrink)["allowed"]
-    grow = vm(
+    grow = vm_body(
         "tenant-a", "render", GPU, GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)}
     )
     assert not review(client, "/admit/gpu-budget", grow)["allowed"]
@@ -112,10 +114,10 @@ def test_update_in_a_pool_already_over_budget_checks_only_growth(
     # written before the webhook: tenant a holds 3 L40S against its budget of 2
     cluster.append(helmrelease("VMInstance", "tenant-a", "legacy", {"gpus": gpus(GPU)}))
     old_spec = {"gpus": gpus(GPU), "running": True}
-    stop = vm("tenant-a", "legacy", GPU, operation="UPDATE", old_spec=old_spec)
+    stop = vm_body("tenant-a", "legacy", GPU, operation="UPDATE", old_spec=old_spec)
     stop["request"]["object"]["spec"]["running"] = False
     assert review(client, "/admit/gpu-budget", stop)["allowed"]
-    grow = vm("tenant-a", "legacy", GPU, GPU, operation="UPDATE", old_spec=old_spec)
+    grow = vm_body("tenant-a", "legacy", GPU, GPU, operation="UPDATE", old_spec=old_spec)
     answer = review(client, "/admit/gpu-budget", grow)
     assert not answer["allowed"] and "this VMInstance needs 2" in answer["status"]["message"]
 
@@ -132,9 +134,9 @@ def test_worker_pool_reserves_gpus_times_max_replicas(client: FlaskClient) -> No
 
 def test_unbounded_tenant_and_unknown_entries(client: FlaskClient) -> None:
     assert review(
-        client, "/admit/gpu-budget", vm("tenant-c", "any", GPU, GPU, GPU, "nvidia.com/NONE")
+        client, "/admit/gpu-budget", vm_body("tenant-c", "any", GPU, GPU, GPU, "nvidia.com/NONE")
     )["allowed"]
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "odd", "nvidia.com/NONE"))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "odd", "nvidia.com/NONE"))
     assert not answer["allowed"] and "map to no GPUClass" in answer["status"]["message"]
 
 
@@ -162,7 +164,7 @@ def test_unreadable_inputs_deny_saying_what_could_not_be_read(
     client: FlaskClient, apiserver: FakeApiServer
 ) -> None:
     apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", GPU))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "x", GPU))
     assert answer["allowed"] is False
     assert answer["status"]["message"].startswith(
         "GPU budget check failed closed: could not list HelmReleases"
@@ -174,10 +176,10 @@ def test_budget_reviews_are_counted_by_verdict_failed_closed_apart(
 ) -> None:
     metrics = Metrics(180.0)
     client = create_app(settings, metrics=metrics).test_client()
-    review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))  # an unbounded tenant
-    review(client, "/admit/gpu-budget", vm("tenant-a", "y", GPU, GPU, GPU, GPU, GPU))
+    review(client, "/admit/gpu-budget", vm_body("tenant-c", "x", GPU))  # an unbounded tenant
+    review(client, "/admit/gpu-budget", vm_body("tenant-a", "y", GPU, GPU, GPU, GPU, GPU))
     apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})
-    review(client, "/admit/gpu-budget", vm("tenant-a", "z", GPU))
+    review(client, "/admit/gpu-budget", vm_body("tenant-a", "z", GPU))
     counted = {
         sample.labels["verdict"]: sample.value
         for family in text_string_to_metric_families(metrics.exposition()[0].decode())
@@ -199,7 +201,7 @@ def test_budget_reviews_are_counted_by_verdict_failed_closed_apart(
 def test_an_envelope_that_is_not_a_v1_admission_review_is_a_400(
     client: FlaskClient, api_version: str, kind: str
 ) -> None:
-    body = vm("tenant-a", "x", GPU)
+    body = vm_body("tenant-a", "x", GPU)
     body["apiVersion"], body["kind"] = api_version, kind
     response = client.post("/admit/gpu-budget", json=body, base_url=HTTPS)
     assert response.status_code == 400 and set(response.json) == {"error"}
@@ -207,7 +209,7 @@ def test_an_envelope_that_is_not_a_v1_admission_review_is_a_400(
 
 def test_a_real_delete_with_a_null_object_is_allowed(client: FlaskClient) -> None:
     """What the API server sends for a DELETE: no object, the old one as it was."""
-    body = vm("tenant-a", "render", GPU, GPU, GPU, GPU, GPU, operation="DELETE")
+    body = vm_body("tenant-a", "render", GPU, GPU, GPU, GPU, GPU, operation="DELETE")
     body["request"]["oldObject"] = body["request"]["object"]
     body["request"]["object"] = None
     answer = review(client, "/admit/gpu-budget", body)
@@ -215,15 +217,15 @@ def test_a_real_delete_with_a_null_object_is_allowed(client: FlaskClient) -> Non
 
 
 def test_other_kinds_and_operations_pass(client: FlaskClient) -> None:
-    other = vm("tenant-a", "x", GPU, GPU, GPU)
+    other = vm_body("tenant-a", "x", GPU, GPU, GPU)
     other["request"]["kind"]["kind"] = "Postgres"
     assert review(client, "/admit/gpu-budget", other)["allowed"]
-    delete = vm("tenant-a", "render", GPU, operation="DELETE")
+    delete = vm_body("tenant-a", "render", GPU, operation="DELETE")
     assert review(client, "/admit/gpu-budget", delete)["allowed"]
 
 
 def test_a_malformed_object_in_a_readable_review_is_denied_with_200(client: FlaskClient) -> None:
-    body = vm("tenant-a", "x", GPU)
+    body = vm_body("tenant-a", "x", GPU)
     body["request"]["object"]["spec"]["gpus"] = "all of them"
     answer = review(client, "/admit/gpu-budget", body)
     assert answer["allowed"] is False and "object is not a valid app" in answer["status"]["message"]
@@ -299,8 +301,10 @@ def test_a_gpu_less_app_and_a_shrinking_update_read_nothing(
     client: FlaskClient, apiserver: FakeApiServer
 ) -> None:
     apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})  # would deny if it were read
-    assert review(client, "/admit/gpu-budget", vm("tenant-a", "plain"))["allowed"]
-    shrink = vm("tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)})
+    assert review(client, "/admit/gpu-budget", vm_body("tenant-a", "plain"))["allowed"]
+    shrink = vm_body(
+        "tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)}
+    )
     assert review(client, "/admit/gpu-budget", shrink)["allowed"]
     assert helmrelease_reads(apiserver) == 0
 
@@ -321,9 +325,9 @@ def test_growth_only_on_update_in_an_over_budget_pool(
     cluster.append(helmrelease("VMInstance", "tenant-a", "extra", {"gpus": gpus(OTHER_GPU) * 3}))
     old_spec = {"gpus": gpus(GPU, OTHER_GPU)}
     cluster.append(helmrelease("VMInstance", "tenant-a", "mixed", old_spec))
-    same = vm("tenant-a", "mixed", GPU, OTHER_GPU, operation="UPDATE", old_spec=old_spec)
+    same = vm_body("tenant-a", "mixed", GPU, OTHER_GPU, operation="UPDATE", old_spec=old_spec)
     assert review(client, "/admit/gpu-budget", same)["allowed"]
-    as_create = vm("tenant-a", "mixed", GPU, OTHER_GPU)
+    as_create = vm_body("tenant-a", "mixed", GPU, OTHER_GPU)
     assert not review(client, "/admit/gpu-budget", as_create)["allowed"]
 
 
@@ -335,7 +339,9 @@ def test_a_malformed_quota_elsewhere_is_skipped_and_logged_once(
     # a bounded tenant x inside legacy: its pool is its own, so legacy's quota is read (legacy
     # owns an ancestor namespace) but not needed
     cluster.append(helmrelease("Tenant", "tenant-legacy", "x", {"resourceQuotas": {TOTAL_KEY: 2}}))
-    assert review(client, "/admit/gpu-budget", vm("tenant-legacy-x", "v", OTHER_GPU))["allowed"]
+    assert review(client, "/admit/gpu-budget", vm_body("tenant-legacy-x", "v", OTHER_GPU))[
+        "allowed"
+    ]
     skipped = [w for w in warnings if w["event"] == "skipped unreadable objects"]
     assert skipped == [
         {
@@ -349,7 +355,7 @@ def test_a_malformed_quota_elsewhere_is_skipped_and_logged_once(
         }
     ]
     # inside that tenant's own pool the verdict needs it: denied, naming object and field
-    answer = review(client, "/admit/gpu-budget", vm("tenant-legacy", "x", GPU))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-legacy", "x", GPU))
     assert answer["status"]["message"] == (
         "GPU budget check failed closed: HelmRelease tenant-root/tenant-legacy: "
         "spec.values.resourceQuotas.l40s.gpuclass.cozystack.io/devices: "
@@ -386,13 +392,13 @@ def test_an_unreadable_member_app_denies_naming_object_and_field(
     client: FlaskClient, cluster: list[dict[str, Any]]
 ) -> None:
     cluster.append(helmrelease("VMInstance", "tenant-a", "legacy", {"gpus": None}))
-    answer = review(client, "/admit/gpu-budget", vm("tenant-a", "x", OTHER_GPU))
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "x", OTHER_GPU))
     assert answer["status"]["message"] == (
         "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-legacy: "
         "spec.values.gpus: expected a list, got null"
     )
     # a VM in another pool is not held up by it
-    assert review(client, "/admit/gpu-budget", vm("tenant-c", "x", GPU))["allowed"]
+    assert review(client, "/admit/gpu-budget", vm_body("tenant-c", "x", GPU))["allowed"]
 
 
 def test_declarations_are_never_cached_two_quick_siblings_cannot_share_a_budget(
@@ -420,14 +426,17 @@ def logged_calls(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
 def test_each_review_logs_one_line_with_its_verdict_and_what_it_read(
     client: FlaskClient, apiserver: FakeApiServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    malformed = vm("tenant-a", "bad", GPU)
+    malformed = vm_body("tenant-a", "bad", GPU)
     malformed["request"]["object"]["spec"]["gpus"] = "all of them"
-    objectless = vm("tenant-a", "none", GPU)
+    objectless = vm_body("tenant-a", "none", GPU)
     objectless["request"]["object"] = None
     tenant = admission_review("Tenant", "tenant-c", "d", {"resourceQuotas": {TOTAL_KEY: "1"}})
     bodies = [
-        ("/admit/gpu-budget", vm("tenant-c", "ok", GPU)),
-        ("/admit/gpu-budget", vm("tenant-a", "big", GPU, GPU, GPU, GPU, GPU, operation="UPDATE")),
+        ("/admit/gpu-budget", vm_body("tenant-c", "ok", GPU)),
+        (
+            "/admit/gpu-budget",
+            vm_body("tenant-a", "big", GPU, GPU, GPU, GPU, GPU, operation="UPDATE"),
+        ),
         ("/admit/gpu-budget", malformed),
         ("/admit/gpu-budget", objectless),
         ("/admit/tenant-gpu-keys", tenant),

@@ -32,7 +32,7 @@ from hooks.rules.quantity import QuantityError, parse_units
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
 from hooks.wire.problems import Unreadable
-from tests.builders import GPU, admission_review, gpuclass, gpus, helmrelease
+from tests.builders import GPU, admission_review, gpuclass, gpus, helmrelease, review_request
 from tests.fake_apiserver import FakeApiServer, Route, list_of
 
 NAME_LABEL = "apps.cozystack.io/application.name"
@@ -64,25 +64,17 @@ def api_settings(api: FakeApiServer) -> Settings:
     return Settings(kube_api=api.url, kube_ca_file="/nonexistent", admission_cache_seconds=0)
 
 
-def vm(namespace: str, name: str, *devices: str, spec: Any = None, **review: Any) -> Any:
-    body = admission_review(
-        "VMInstance",
-        namespace,
-        name,
-        spec if spec is not None else {"gpus": gpus(*devices)},
-        **review,
-    )
-    return decode_review(msgspec.json.encode(body))
+def vm_review(namespace: str, name: str, *devices: str, spec: Any = None, **review: Any) -> Any:
+    spec = spec if spec is not None else {"gpus": gpus(*devices)}
+    return review_request("VMInstance", namespace, name, spec, **review)
 
 
 def worker_pool(namespace: str, name: str, spec: dict[str, Any]) -> Any:
-    body = admission_review("KubernetesNodes", namespace, name, spec)
-    return decode_review(msgspec.json.encode(body))
+    return review_request("KubernetesNodes", namespace, name, spec)
 
 
 def tenant(namespace: str, name: str, quotas: Any, **review: Any) -> Any:
-    body = admission_review("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
-    return decode_review(msgspec.json.encode(body))
+    return review_request("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
 
 
 def verdict_of(review: Any, inputs: BudgetInputs) -> Verdict:
@@ -104,15 +96,15 @@ def test_a_tenant_release_without_a_name_label_is_named_by_its_release_name(
     """Escape 1: the root's release with no name label declared 2 devices, could not be placed,
     and a VM with 5 devices under it was admitted."""
     budgets = cluster(apiserver, unlabelled(ROOT_TWO), TENANT_A)
-    verdict = verdict_of(vm("tenant-a", "big", *[GPU] * 5), budgets)
+    verdict = verdict_of(vm_review("tenant-a", "big", *[GPU] * 5), budgets)
     assert verdict.allowed is False
     assert verdict.message.startswith(f"{TOTAL_KEY}: this VMInstance needs 5, the pool of tenant ")
 
 
 def test_an_empty_name_label_counts_as_missing(apiserver: FakeApiServer) -> None:
     budgets = cluster(apiserver, unlabelled(ROOT_TWO, empty=True), TENANT_A)
-    assert verdict_of(vm("tenant-a", "big", *[GPU] * 3), budgets).allowed is False
-    assert verdict_of(vm("tenant-a", "fits", *[GPU] * 2), budgets).allowed is True
+    assert verdict_of(vm_review("tenant-a", "big", *[GPU] * 3), budgets).allowed is False
+    assert verdict_of(vm_review("tenant-a", "fits", *[GPU] * 2), budgets).allowed is True
 
 
 def test_a_release_name_names_a_tenant_only_as_tenant_and_a_dashless_name() -> None:
@@ -142,7 +134,7 @@ def test_every_app_release_reserves_on_its_own_even_without_its_name_label(
     first = unlabelled(helmrelease("VMInstance", "tenant-a", "one", {"gpus": gpus(GPU)}))
     second = unlabelled(helmrelease("VMInstance", "tenant-a", "two", {"gpus": gpus(GPU)}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, first, second)
-    verdict = verdict_of(vm("tenant-a", "three", GPU), budgets)
+    verdict = verdict_of(vm_review("tenant-a", "three", GPU), budgets)
     assert verdict.allowed is False
     assert "2 reserved by other apps" in verdict.message
 
@@ -163,8 +155,8 @@ def test_two_tenant_releases_claiming_one_namespace_deny_the_verdicts_that_need_
     )
     edit = {"operation": "UPDATE", "old_spec": {"resourceQuotas": {TOTAL_KEY: "1"}}}
     for review in (
-        vm("tenant-a", "v", GPU),
-        vm("tenant-x", "v", GPU),
+        vm_review("tenant-a", "v", GPU),
+        vm_review("tenant-x", "v", GPU),
         tenant("tenant-root", "x", {TOTAL_KEY: "1"}, **edit),
     ):
         verdict = verdict_of(review, budgets)
@@ -173,7 +165,7 @@ def test_two_tenant_releases_claiming_one_namespace_deny_the_verdicts_that_need_
             f"GPU budget check failed closed: {both}",
         )
     # Outside the root's pool nothing needs tenant x.
-    assert verdict_of(vm("default", "v", GPU), budgets).allowed is True
+    assert verdict_of(vm_review("default", "v", GPU), budgets).allowed is True
 
 
 def test_two_releases_storing_the_app_under_review_deny_when_a_pool_applies(
@@ -182,7 +174,7 @@ def test_two_releases_storing_the_app_under_review_deny_when_a_pool_applies(
     stored = helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)})
     copy = renamed(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}), "v-copy")
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, stored, copy)
-    edit = vm("tenant-a", "v", GPU, operation="UPDATE", old_spec={"gpus": []})
+    edit = vm_review("tenant-a", "v", GPU, operation="UPDATE", old_spec={"gpus": []})
     verdict = verdict_of(edit, budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
@@ -230,9 +222,9 @@ def test_an_undecodable_object_is_denied_only_where_a_pool_applies(
     budgets = cluster(
         apiserver, ROOT_TWO, TENANT_A, helmrelease("Tenant", "tenant-root", "free", {})
     )
-    outside = verdict_of(vm("default", "legacy", spec={"gpus": None}), budgets)
+    outside = verdict_of(vm_review("default", "legacy", spec={"gpus": None}), budgets)
     assert outside.allowed is True
-    inside = verdict_of(vm("tenant-a", "legacy", spec={"gpus": None}), budgets)
+    inside = verdict_of(vm_review("tenant-a", "legacy", spec={"gpus": None}), budgets)
     assert (inside.allowed, inside.message) == (
         False,
         "object is not a valid app: spec.gpus: expected a list, got null",
@@ -242,7 +234,7 @@ def test_an_undecodable_object_is_denied_only_where_a_pool_applies(
 def test_an_unbounded_tree_allows_an_undecodable_object(apiserver: FakeApiServer) -> None:
     root = helmrelease("Tenant", "tenant-root", "root", {})
     budgets = cluster(apiserver, root, TENANT_A)
-    assert verdict_of(vm("tenant-a", "legacy", spec={"gpus": None}), budgets).allowed is True
+    assert verdict_of(vm_review("tenant-a", "legacy", spec={"gpus": None}), budgets).allowed is True
 
 
 def test_an_unplaceable_release_in_tenant_root_spares_a_bounded_tenants_own_pool(
@@ -257,12 +249,12 @@ def test_an_unplaceable_release_in_tenant_root_spares_a_bounded_tenants_own_pool
     # legacy one among them
     root = unlabelled(helmrelease("Tenant", "tenant-root", "root", {}))
     budgets = cluster(apiserver, root, legacy, bounded, lab)
-    assert verdict_of(vm("tenant-b", "v", GPU), budgets).allowed is True
-    assert verdict_of(vm("tenant-b-lab", "v", GPU, GPU), budgets).allowed is True
-    assert verdict_of(vm("tenant-b-lab", "v", GPU, GPU, GPU), budgets).allowed is False
+    assert verdict_of(vm_review("tenant-b", "v", GPU), budgets).allowed is True
+    assert verdict_of(vm_review("tenant-b-lab", "v", GPU, GPU), budgets).allowed is True
+    assert verdict_of(vm_review("tenant-b-lab", "v", GPU, GPU, GPU), budgets).allowed is False
     # Where no placed tenant owns a namespace on the way up, the legacy release could be its
     # (bounded) tenant: that review fails closed, naming it.
-    unsettled = verdict_of(vm("tenant-c", "v", GPU), budgets)
+    unsettled = verdict_of(vm_review("tenant-c", "v", GPU), budgets)
     assert (unsettled.allowed, unsettled.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-root/legacy: metadata.labels: no "
@@ -276,8 +268,8 @@ def test_gpuclasses_are_read_only_when_a_pool_applies(apiserver: FakeApiServer) 
     bounded = helmrelease("Tenant", "tenant-root", "b", {"resourceQuotas": {TOTAL_KEY: "2"}})
     budgets = cluster(apiserver, root, TENANT_A, bounded)
     apiserver.serve(GPUCLASSES, 500, {"kind": "Status"})
-    assert verdict_of(vm("tenant-a", "v", GPU), budgets).allowed is True
-    inside = verdict_of(vm("tenant-b", "v", GPU), budgets)
+    assert verdict_of(vm_review("tenant-a", "v", GPU), budgets).allowed is True
+    inside = verdict_of(vm_review("tenant-b", "v", GPU), budgets)
     assert (inside.allowed, inside.message) == (
         False,
         "GPU budget check failed closed: could not list GPUClasses (HTTP 500)",
@@ -306,7 +298,7 @@ def test_a_slow_list_delays_only_its_own_review(slow_pool: BudgetReader) -> None
     slow_done = threading.Event()
 
     def slow_review() -> None:
-        verdict_of(vm("tenant-slow", "v", GPU), slow_pool)
+        verdict_of(vm_review("tenant-slow", "v", GPU), slow_pool)
         slow_done.set()
 
     threading.Thread(target=slow_review, daemon=True).start()
@@ -314,7 +306,7 @@ def test_a_slow_list_delays_only_its_own_review(slow_pool: BudgetReader) -> None
     verdicts: list[bool] = []
 
     def review(index: int) -> None:
-        verdicts.append(verdict_of(vm(f"tenant-t{index}", "v", GPU), slow_pool).allowed)
+        verdicts.append(verdict_of(vm_review(f"tenant-t{index}", "v", GPU), slow_pool).allowed)
 
     threads = [threading.Thread(target=review, args=(i,)) for i in range(20)]
     for thread in threads:
@@ -346,7 +338,7 @@ def test_the_api_client_gives_each_thread_its_own_session(apiserver: FakeApiServ
 def test_an_unreadable_list_still_fails_closed(apiserver: FakeApiServer) -> None:
     budgets = cluster(apiserver, ROOT_TWO)
     apiserver.serve(HELMRELEASES, 500, {"kind": "Status"})
-    verdict = verdict_of(vm("tenant-a", "v", GPU), budgets)
+    verdict = verdict_of(vm_review("tenant-a", "v", GPU), budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
         "GPU budget check failed closed: could not list HelmReleases (HTTP 500)",
@@ -362,7 +354,7 @@ def test_an_unplaceable_release_fails_closed_a_pool_whose_walk_passes_an_unowned
     release could be c, bounded, a pool of its own with another budget. Fail closed there."""
     legacy = renamed(unlabelled(helmrelease("Tenant", "tenant-root", "q", {})), "legacy")
     budgets = cluster(apiserver, ROOT_TWO, legacy)
-    unsettled = verdict_of(vm("tenant-c", "v", GPU), budgets)
+    unsettled = verdict_of(vm_review("tenant-c", "v", GPU), budgets)
     assert (unsettled.allowed, unsettled.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-root/legacy: metadata.labels: no "
@@ -397,13 +389,13 @@ def test_a_release_with_values_from_fails_closed_for_the_verdicts_that_need_it(
     holding nothing. Verdicts that do not read the pool's members go on."""
     hidden = with_values_from(helmrelease("VMInstance", "tenant-a", "hidden", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, hidden)
-    grows = verdict_of(vm("tenant-a", "v", GPU), budgets)
+    grows = verdict_of(vm_review("tenant-a", "v", GPU), budgets)
     assert (grows.allowed, grows.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-hidden: "
         "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not read",
     )
-    assert verdict_of(vm("default", "v", GPU), budgets).allowed is True
+    assert verdict_of(vm_review("default", "v", GPU), budgets).allowed is True
     a_cpu_quota = tenant("tenant-a", "b", {"requests.cpu": "1"})
     assert verdict_of(a_cpu_quota, budgets).allowed is False  # must-declare: the pool has a key
     at_zero = verdict_of(tenant("tenant-a", "b", {TOTAL_KEY: "0"}), budgets)
@@ -415,7 +407,7 @@ def test_a_tenant_release_with_values_from_fails_closed_where_its_quotas_count(
 ) -> None:
     hidden = with_values_from(helmrelease("Tenant", "tenant-root", "a", {}))
     budgets = cluster(apiserver, ROOT_TWO, hidden)
-    verdict = verdict_of(vm("tenant-root", "v", GPU), budgets)
+    verdict = verdict_of(vm_review("tenant-root", "v", GPU), budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-root/tenant-a: spec.valuesFrom: "
@@ -431,8 +423,8 @@ def test_a_release_with_values_from_whose_values_set_its_gpus_is_counted_from_th
     size bounds too)."""
     declared = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, declared)
-    assert verdict_of(vm("tenant-a", "w", GPU), budgets).allowed is True
-    over = verdict_of(vm("tenant-a", "w", GPU, GPU), budgets)
+    assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).allowed is True
+    over = verdict_of(vm_review("tenant-a", "w", GPU, GPU), budgets)
     assert (over.allowed, over.message.split(",")[0]) == (
         False,
         "gpuclass.cozystack.io/devices: this VMInstance needs 2",
@@ -440,10 +432,10 @@ def test_a_release_with_values_from_whose_values_set_its_gpus_is_counted_from_th
     sized = {"gpus": gpus(GPU), "maxReplicas": 1, "minReplicas": 1}
     pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", sized))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
-    assert verdict_of(vm("tenant-a", "w", GPU), budgets).allowed is True
+    assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).allowed is True
     unsized = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {"gpus": gpus(GPU)}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, unsized)
-    assert verdict_of(vm("tenant-a", "w", GPU), budgets).message.endswith(
+    assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).message.endswith(
         "HelmRelease tenant-a/kubernetes-nodes-p: spec.valuesFrom: values from a ConfigMap or "
         "Secret, which the webhook does not read"
     )
@@ -457,7 +449,7 @@ def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere(
     ConfigMap (a worker pool without its minReplicas)."""
     own = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, own)
-    edit = vm("tenant-a", "v", GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU)})
+    edit = vm_review("tenant-a", "v", GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU)})
     assert verdict_of(edit, budgets).allowed is True
     pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
