@@ -166,6 +166,19 @@ def prepare(plane: ControlPlane) -> None:
     plane.apply(gpuclass("l40s", L40S), gpuclass("h100", H100))
 
 
+def admin_settings(plane: ControlPlane, workdir: Path) -> Settings:
+    """The service's settings against the plane, as its admin (every release readable)."""
+    token = workdir / "token"
+    token.write_text(ADMIN_TOKEN)
+    return Settings(
+        kube_api=plane.url,
+        kube_token_file=token,
+        kube_ca_file=plane.ca_file,
+        kube_timeout_seconds=30,
+        admission_cache_seconds=60,
+    )
+
+
 def create(plane: ControlPlane, obj: dict[str, Any]) -> None:
     metadata = obj["metadata"]
     if obj["kind"] == "Namespace":
@@ -427,15 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         legacy = unlabelled(release("Tenant", "tenant-root", "gone", {"host": "example.org"}))
         legacy["metadata"]["name"] = "legacy-tenant"  # names no tenant: placed nowhere
         create(plane, legacy)
-        token = workdir / "token"
-        token.write_text(ADMIN_TOKEN)
-        settings = Settings(
-            kube_api=plane.url,
-            kube_token_file=token,
-            kube_ca_file=plane.ca_file,
-            kube_timeout_seconds=30,
-            admission_cache_seconds=60,
-        )
+        settings = admin_settings(plane, workdir)
         ca = trustme.CA()
         ca_file = workdir / "hooks-ca.pem"
         ca.cert_pem.write_to_path(str(ca_file))
@@ -567,15 +572,7 @@ def root_beside(count: int, apps: int = 5, reviews: int = 50) -> int:
             list(pool.map(lambda o: create(plane, o), objects[3:]))
         print(f"[root beside {count}] {len(objects) - 1} releases stored "
               f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
-        token = Path(tmp) / "token"
-        token.write_text(ADMIN_TOKEN)
-        settings = Settings(
-            kube_api=plane.url,
-            kube_token_file=token,
-            kube_ca_file=plane.ca_file,
-            kube_timeout_seconds=30,
-            admission_cache_seconds=60,
-        )
+        settings = admin_settings(plane, Path(tmp))
         reader = CountedReader(settings)
         figures = {}
         for label, namespace in (("tenant-root (no pool)", "tenant-root"),

@@ -102,7 +102,7 @@ def test_burst_of_syncs_makes_one_read_within_the_cache_period(
 def test_concurrent_syncs_share_one_read_in_flight(
     settings: Settings, apiserver: FakeApiServer
 ) -> None:
-    apiserver.serve(KUBEVIRT_PATH, delay=0.5)
+    apiserver.serve(KUBEVIRT_PATH, delay=2.0)  # every caller starts while it is in flight
     reader = KubeVirtReader(settings.model_copy(update={"kubevirt_cache_seconds": 5.0}))
     views: list[KubeVirtView] = []
     threads = [threading.Thread(target=lambda: views.append(reader.view())) for _ in range(8)]

@@ -82,7 +82,7 @@ def test_a_review_whose_read_does_not_finish_in_time_fails_closed_naming_it(
     apiserver.routes["/apis/helm.toolkit.fluxcd.io/v2/helmreleases"] = Route(
         200, {"kind": "List", "items": []}, delay=20
     )
-    slow = settings.model_copy(update={"admission_timeout_seconds": 1, "kube_timeout_seconds": 30})
+    slow = settings.model_copy(update={"admission_timeout_seconds": 3, "kube_timeout_seconds": 30})
     client = create_app(slow).test_client()
     answer = client.post("/admit/gpu-budget", json=review(), base_url=HTTPS).get_json()["response"]
     assert answer["allowed"] is False
