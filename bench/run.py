@@ -183,6 +183,7 @@ class Server:
     master: subprocess.Popen[bytes]
     health: str  # /healthz and /readyz
     metrics: str  # /metrics
+    admission: str  # the admission reviews
 
     def worker_pid(self) -> int:
         return process_tree(self.master.pid)[1]
@@ -218,6 +219,7 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
         from tests.live import free_port
 
         port, health_port, metrics_port = free_port(), free_port(), free_port()
+        admission_port = free_port()
         env = {
             **os.environ,
             "GPUCLASS_KUBE_API": api,
@@ -238,6 +240,7 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
                 str(threads),
                 f"--health-port={health_port}",
                 f"--metrics-port={metrics_port}",
+                f"--admission-port={admission_port}",
             ],
             env=env,
             stdout=log,
@@ -253,7 +256,8 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
                     break
                 except requests.RequestException:
                     time.sleep(0.1)
-            yield Server(url, master, health, metrics)
+            admission = f"{scheme}://127.0.0.1:{admission_port}"
+            yield Server(url, master, health, metrics, admission)
         finally:
             master.send_signal(signal.SIGTERM)
             master.wait(timeout=60)

@@ -156,6 +156,16 @@ class Settings(BaseSettings):
         shown="`7340032` (7 MiB)",
         ge=1024,
     )
+    admission_memory_bytes: int = setting(
+        32 * 1024**2,
+        "the admission port's share of the memory budget: bytes of review bodies held at once, "
+        "counted as they arrive (never by the length declared) until the review is answered; "
+        "past it the oldest bodies still arriving are dropped (see docs/scale.md)",
+        not_in_chart="a few of the largest reviews at once; the derived memory budget leaves it "
+        "aside",
+        shown="`33554432` (32 MiB)",
+        ge=1024**2,
+    )
     header_timeout_seconds: float = setting(
         10.0,
         "how long a connection has, from accept, to complete its TLS handshake, request line and "

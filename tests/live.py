@@ -30,6 +30,7 @@ class LiveServer:
     log_path: Path
     health: str  # /healthz and /readyz, plain HTTP
     metrics: str  # /metrics, with the hooks' scheme
+    admission: str  # the admission reviews, with the hooks' scheme
     container: str | None = None  # the name of the container, when run from the image
 
     def logs(self) -> str:
@@ -46,10 +47,12 @@ def live_server(
     image: str | None = None,
 ) -> Iterator[LiveServer]:
     port, health_port, metrics_port = free_port(), free_port(), free_port()
+    admission_port = free_port()
     log_path = tmp_path / f"serve-{port}.log"
     serve = [
         *("serve", "--bind", f"127.0.0.1:{port}"),
-        *(f"--health-port={health_port}", f"--metrics-port={metrics_port}", *args),
+        *(f"--health-port={health_port}", f"--metrics-port={metrics_port}"),
+        *(f"--admission-port={admission_port}", *args),
     ]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCLASS_")} | env
     container = None
@@ -63,6 +66,7 @@ def live_server(
     url = f"{scheme}://127.0.0.1:{port}"
     health = f"http://127.0.0.1:{health_port}"
     metrics = f"{scheme}://127.0.0.1:{metrics_port}"
+    admission = f"{scheme}://127.0.0.1:{admission_port}"
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -76,7 +80,7 @@ def live_server(
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        yield LiveServer(url, process, log_path, health, metrics, container)
+        yield LiveServer(url, process, log_path, health, metrics, admission, container)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -43,6 +43,8 @@ def serve(args: argparse.Namespace) -> int:
         args.threads,
         args.health_port,
         args.metrics_port,
+        args.admission_port,
+        args.admission_threads,
         args.worker_tmp_dir,
     )
     return server.run(_load_settings(), options)
@@ -151,6 +153,21 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=9090,
         help="/metrics, HTTPS when the hooks are, on the --bind host (default 9090)",
+    )
+    run.add_argument(
+        "--admission-port",
+        type=int,
+        default=9443,
+        help="admission reviews (the API server's webhook calls), on the --bind host, apart "
+        "from the hooks: threads and memory of its own (default 9443)",
+    )
+    # A review's body is read by the port's event loop before it reaches a thread, and its reads
+    # of the API server are bounded by its deadline: a few threads keep up with every review.
+    run.add_argument(
+        "--admission-threads",
+        type=_positive,
+        default=4,
+        help="threads per worker that judge admission reviews (default 4)",
     )
     run.add_argument(
         "--worker-tmp-dir",

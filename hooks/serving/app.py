@@ -92,7 +92,7 @@ class _Calls:
         if late is not None:
             self.metrics.calls_refused_busy.inc()
             return late
-        if self.memory is None:
+        if self.memory is None or request.environ.get(http.BODY_HELD):
             return None
         return http.reserve_memory(self.memory, request.content_length or 0, self.metrics)
 

@@ -6,9 +6,14 @@ a client that trickles its headers, stalls its handshake, or connects and sends 
 thread for as long as it likes. Here such a client costs a socket and a few hundred bytes in a
 selector until its deadline. Only a complete head goes further (to a hook thread, or to a
 listener's answer); idle keep-alive connections wait here too, and every close that lingers for
-the peer's unread input lingers here, not in a thread. Past the cap on open connections, the
+the peer's unread input lingers here, not in a thread. Past the cap on open connections, or on
+the bytes that connections outside a call hold (their heads and buffers, bounded as a whole), the
 oldest that have not finished their head are dropped first, then the oldest idle ones; a call in
 progress never is.
+
+For callers that present no token (the API server's admission reviews), the loop reads the body
+as well (`read_body`): under a deadline by its length, with memory taken for the bytes received,
+not for the length declared, so that such a caller costs no thread until its request is whole.
 
 One `Edge` serves one selector, driven by one thread: every method but `counts` runs on it.
 """
@@ -47,18 +52,38 @@ CLOSE_LINGER_SECONDS = 2.0
 CLOSE_DRAIN_BYTES = 64 * 1024
 # The longest the loop sleeps: how late a deadline can be enforced.
 TICK_SECONDS = 1.0
+# What a connection outside a call holds besides the bytes of its head: its TLS state and read
+# buffers (docs/scale.md has the measurement behind it).
+CONNECTION_BYTES = 16 * 1024
+# How much one read of a body takes (a body read by the loop: `Edge.read_body`).
+BODY_READ_BYTES = 256 * 1024
 
 
 class State(enum.Enum):
     HANDSHAKING = "handshaking"
     READING_HEADERS = "reading_headers"
+    READING_BODY = "reading_body"
     IDLE = "idle"
     IN_CALL = "in_call"
     CLOSING = "closing"
 
 
-# Why a connection was closed without an answer.
-DROP_REASONS = ("head_deadline", "head_too_large", "over_capacity", "handshake_failed", "malformed")
+# Why a connection was closed before its request was served: its deadline, its size, the cap on
+# connections or on the bytes they hold, a failed handshake, a request that is not HTTP, or the
+# peer closing before its handshake, its head or its body was complete (a kept-alive connection
+# closed between requests is not counted: that is how keep-alive ends).
+DROP_REASONS = (
+    "head_deadline",
+    "head_too_large",
+    "over_capacity",
+    "over_memory",
+    "handshake_failed",
+    "malformed",
+    "closed_in_handshake",
+    "closed_in_head",
+    "closed_in_body",
+    "body_deadline",
+)
 
 # Why a TLS handshake failed, as far as it tells whom to look at: the peer refused the served
 # certificate (an old CA in its trust), the peer's certificate was missing or refused, the peer
@@ -161,12 +186,14 @@ def response_bytes(code: int, message: str, extra: Mapping[str, str] | None = No
 
 
 class TlsSource:
-    """The serving certificate as an SSL context, loaded again when its files change.
+    """The serving certificate as SSL contexts, loaded again when its files change: a process
+    reads its pair here once for all its ports, so that every port serves the same pair.
 
     Files mounted from a Secret change by an atomic swap of the directory they sit in, which a
-    reader can straddle (the certificate of one generation, the key of the other): such a pair
-    fails to load, and the context already in use is kept and the load tried again on the next
-    connection. A pair is never served half from one generation and half from another.
+    reader can straddle (the certificate of one generation, the key of the other): a pair that
+    fails to load, or whose files changed while they were read, is not taken; the contexts in use
+    are kept and the load is tried again on the next connection. A pair is never served half from
+    one generation and half from another, nor one generation on one port and another on the next.
     """
 
     def __init__(self, cert: Path, key: Path, client_ca: Path | None = None) -> None:
@@ -176,7 +203,7 @@ class TlsSource:
         self.problem: str | None = None  # why the files, changed, do not load (None: they do)
         self._reloading = threading.Lock()
         # a pair that does not load at start is a boot failure
-        self._context, self.not_after = self._load()
+        self._contexts, self.not_after = self._load()
         self._stamp = self._stamps()
 
     def _stamps(self) -> tuple[tuple[int, int, int], ...] | None:
@@ -186,46 +213,51 @@ class TlsSource:
             return None
         return tuple((info.st_ino, info.st_mtime_ns, info.st_size) for info in infos)
 
-    def _load(self) -> tuple[ssl.SSLContext, float]:
-        """The context, and when its certificate ends (NaN if it cannot be read: a certificate
-        OpenSSL serves is served, whether this module can read its end or not)."""
+    def _load(self) -> tuple[dict[bool, ssl.SSLContext], float]:
+        """The contexts (by whether they ask for a client certificate), and when the certificate
+        ends (NaN if it cannot be read: a certificate OpenSSL serves is served, whether this module
+        can read its end or not)."""
         pem = self._files[0].read_bytes()
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(str(self._files[0]), str(self._files[1]))
-        if self._client_ca is not None:
-            context.load_verify_locations(cafile=str(self._client_ca))
-            context.verify_mode = ssl.CERT_REQUIRED
-        context.set_alpn_protocols(["http/1.1"])
+        contexts = {}
+        for verify_clients in (False, True):
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(str(self._files[0]), str(self._files[1]))
+            if verify_clients and self._client_ca is not None:
+                context.load_verify_locations(cafile=str(self._client_ca))
+                context.verify_mode = ssl.CERT_REQUIRED
+            context.set_alpn_protocols(["http/1.1"])
+            contexts[verify_clients] = context
         try:
             ends = certificates.not_after(pem)
         except certificates.NotACertificate:
             ends = math.nan
-        return context, ends
+        return contexts, ends
 
-    def context(self) -> ssl.SSLContext:
+    def context(self, verify_clients: bool = True) -> ssl.SSLContext:
         """The current context: the files' if they changed and load as a pair, else the last.
-        Safe from any thread: the event loop and the credential watch both ask."""
+        `verify_clients`: it asks for a certificate of the client CA, when there is one (the hook
+        port; the metrics and admission ports never do). Safe from any thread."""
         before = self._stamps()
         if before is None or before == self._stamp:
             self.problem = "a file is missing" if before is None else None
-            return self._context
+            return self._contexts[verify_clients]
         with self._reloading:
-            return self._reload(before)
+            self._reload(before)
+        return self._contexts[verify_clients]
 
-    def _reload(self, before: tuple[tuple[int, int, int], ...]) -> ssl.SSLContext:
+    def _reload(self, before: tuple[tuple[int, int, int], ...]) -> None:
         try:
-            context, ends = self._load()
+            contexts, ends = self._load()
         except (OSError, ssl.SSLError, ValueError) as error:
             # straddled a swap, a file missing for a moment, or a pair that will never load: the
             # last good one is served; `problem` says why (a watcher reports it if it lasts)
             self.problem = _load_problem(error)
-            return self._context
+            return
         self.problem = None
-        self._context, self.not_after = context, ends
-        if self._stamps() == before:  # nothing moved while it was read: this generation is done
-            self._stamp = before
-        return context
+        if self._stamps() != before:
+            return  # the files moved while they were read: the next connection loads them again
+        self._contexts, self.not_after, self._stamp = contexts, ends, before
 
 
 def _load_problem(error: BaseException) -> str:
@@ -249,6 +281,13 @@ class Connection:
     outgoing: bytes = b""
     drained: int = 0
     handshaken: bool = False
+    # Bytes counted against the edge's bound while outside a call (its buffers, its head).
+    held: int = 0
+    # Requests taken from it so far: a close after one is keep-alive's end, not a drop.
+    requests: int = 0
+    body: BodyRead | None = None  # the body the loop is reading (`Edge.read_body`)
+    # Read past the request being served: the start of the next one, for `Edge.answer`.
+    pending: bytes = b""
     accepted_at: float = 0.0
     # When the request being read began: at accept, or when a kept-alive connection sent again.
     head_started: float = 0.0
@@ -258,6 +297,59 @@ class Connection:
 
 # What the owner does with a complete head: (connection, head bytes, bytes read past the head).
 OnHead = Callable[[Connection, bytes, bytes], None]
+# What the owner does with a whole body: (connection, head bytes, body, its memory's release).
+OnBody = Callable[[Connection, bytes, bytes, Callable[[], None]], None]
+
+
+class Allowance:
+    """Bytes a group of connections may hold at once: taken by the loop as they arrive, given
+    back by whoever ends their use (the loop, or the thread that served them)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def take(self, count: int) -> bool:
+        with self._lock:
+            if self._used + count > self.limit_bytes:
+                return False
+            self._used += count
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._used -= count
+
+
+@dataclass(eq=False)
+class BodyRead:
+    """A body the loop reads: what it has of it, until when, and what it took of the allowance."""
+
+    head: bytes
+    length: int
+    on_body: OnBody
+    allowance: Allowance
+    data: bytearray = field(default_factory=bytearray)
+    taken: int = 0
+
+    def take(self, count: int) -> bool:
+        if not self.allowance.take(count):
+            return False
+        self.taken += count
+        return True
+
+    def give(self, count: int) -> None:
+        self.taken -= count
+        self.allowance.give(count)
+
+    def release(self) -> None:
+        """Give back all it took (once, however often it is called)."""
+        self.give(self.taken)
 
 
 class Edge:
@@ -271,7 +363,9 @@ class Edge:
         head_seconds: float,
         idle_seconds: float,
         max_connections: int,
+        held_bytes_limit: int,
         tls: TlsSource | None = None,
+        verify_clients: bool = True,
         on_drop: Callable[[str], None] = lambda reason: None,
         on_tls_failure: Callable[[str], None] = lambda reason: None,
         clock: Callable[[], float] = time.monotonic,
@@ -281,7 +375,9 @@ class Edge:
         self._head_seconds = head_seconds
         self._idle_seconds = idle_seconds
         self._max_connections = max_connections
+        self._held_bytes_limit = held_bytes_limit
         self._tls = tls
+        self._verify_clients = verify_clients
         self._on_drop = on_drop
         self._on_tls_failure = on_tls_failure
         self._clock = clock
@@ -290,8 +386,11 @@ class Edge:
         self._arriving: OrderedDict[Connection, None] = OrderedDict()
         self._idle: OrderedDict[Connection, None] = OrderedDict()
         self._closing: OrderedDict[Connection, None] = OrderedDict()
+        # In the order they began (their deadlines follow their lengths).
+        self._bodies: OrderedDict[Connection, None] = OrderedDict()
         self._in_call: set[Connection] = set()
         self._handshaking = 0
+        self._held = 0  # bytes held by the connections in `_arriving` and `_idle`
         # When the last client certificate presented ends (NaN until one is): Metacontroller keeps
         # presenting the one it read when it built its controllers, after cert-manager renewed it.
         self.client_not_after = math.nan
@@ -300,7 +399,18 @@ class Edge:
 
     @property
     def open(self) -> int:
-        return len(self._arriving) + len(self._idle) + len(self._closing) + len(self._in_call)
+        return (
+            len(self._arriving)
+            + len(self._idle)
+            + len(self._closing)
+            + len(self._bodies)
+            + len(self._in_call)
+        )
+
+    @property
+    def held_bytes(self) -> int:
+        """What connections outside a call hold, as counted against `held_bytes_limit`."""
+        return self._held
 
     def counts(self) -> dict[str, int]:
         """Open connections by state (read from any thread: a snapshot, not a transaction)."""
@@ -308,6 +418,7 @@ class Edge:
         return {
             State.HANDSHAKING.value: handshaking,
             State.READING_HEADERS.value: max(len(self._arriving) - handshaking, 0),
+            State.READING_BODY.value: len(self._bodies),
             State.IDLE.value: len(self._idle),
             State.IN_CALL.value: len(self._in_call),
             State.CLOSING.value: len(self._closing),
@@ -341,6 +452,8 @@ class Edge:
             else:
                 self._handshaking += 1
             self._arriving[connection] = None
+            if not self._hold(connection, CONNECTION_BYTES):
+                continue
             # Wrapped for TLS only once it sends: a connection that never does costs no TLS state.
             self._watch(connection, EVENT_READ)
 
@@ -348,7 +461,46 @@ class Edge:
         """The owner takes the connection (a call); it leaves the selector until `resume`."""
         self._leave(connection)
         connection.state = State.IN_CALL
+        connection.requests += 1
         self._in_call.add(connection)
+
+    def read_body(
+        self,
+        connection: Connection,
+        head: bytes,
+        length: int,
+        rest: bytes,
+        *,
+        deadline: float,
+        allowance: Allowance,
+        on_body: OnBody,
+    ) -> None:
+        """Read the body of the request whose head this is, in the loop, by `deadline` (then 408),
+        taking from `allowance` what the connection holds (its buffers, then each piece of the
+        body as it arrives); when the allowance is used up, the oldest bodies still arriving are
+        dropped to make room. `on_body` gets the whole body; the release it gets gives back what
+        was taken, once the body is no longer held."""
+        self._leave(connection)
+        connection.requests += 1
+        read = BodyRead(head, length, on_body, allowance)
+        connection.body = read
+        connection.state = State.READING_BODY
+        connection.deadline = deadline
+        self._bodies[connection] = None
+        if not self._take_for_body(connection, CONNECTION_BYTES + min(len(rest), length)):
+            return
+        read.data += rest[:length]
+        connection.pending = rest[length:]
+        self._read_body(connection)
+
+    def answer(self, connection: Connection, data: bytes, *, keep_alive: bool) -> None:
+        """Send a call's whole answer from the loop; then the connection waits for its next
+        request (`keep_alive`), or is closed."""
+        if not keep_alive:
+            self.respond(connection, data)
+            return
+        connection.outgoing = data
+        self._send_answer(connection)
 
     def resume(self, connection: Connection, buffered: bytes) -> None:
         """Back from a call that keeps the connection: idle until it sends, then a new head."""
@@ -357,12 +509,14 @@ class Edge:
         pending = isinstance(connection.sock, ssl.SSLSocket) and connection.sock.pending() > 0
         if buffered or pending:
             self._begin_head(connection)
-            self._advance(connection)
+            if self._hold(connection, CONNECTION_BYTES + len(buffered)):
+                self._advance(connection)
             return
         connection.state = State.IDLE
         connection.deadline = self._clock() + self._idle_seconds
         self._idle[connection] = None
-        self._watch(connection, EVENT_READ)
+        if self._hold(connection, CONNECTION_BYTES):
+            self._watch(connection, EVENT_READ)
 
     def respond(self, connection: Connection, data: bytes) -> None:
         """Send a whole answer, then close (its unread input lingered over, off any thread)."""
@@ -397,11 +551,16 @@ class Edge:
                     self._forget(connection)
                 else:
                     self.drop(connection, reason)
+        for connection in [c for c in self._bodies if c.deadline <= now]:
+            self._on_drop("body_deadline")
+            message = "the request body did not arrive in time"
+            self.respond(connection, response_bytes(408, message))
 
     def timeout(self) -> float:
         """How long the loop may sleep before a deadline is due."""
         groups = (self._arriving, self._idle, self._closing)
         soonest = [next(iter(group)).deadline for group in groups if group]
+        soonest += [connection.deadline for connection in self._bodies]
         if not soonest:
             return TICK_SECONDS
         return min(max(min(soonest) - self._clock(), 0.0), TICK_SECONDS)
@@ -414,7 +573,7 @@ class Edge:
             connection.deadline = min(connection.deadline, limit)
 
     def close_all(self) -> None:
-        for group in (self._arriving, self._idle, self._closing):
+        for group in (self._arriving, self._idle, self._closing, self._bodies):
             for connection in list(group):
                 self._forget(connection)
         for connection in list(self._in_call):
@@ -428,6 +587,12 @@ class Edge:
                 self._send(connection)
             else:
                 self._drain(connection)
+            return
+        if connection.state is State.IN_CALL:
+            self._send_answer(connection)
+            return
+        if connection.state is State.READING_BODY:
+            self._read_body(connection)
             return
         if connection.state is State.IDLE:
             del self._idle[connection]
@@ -453,10 +618,12 @@ class Edge:
                     return
                 data = connection.sock.recv(HEAD_READ_BYTES)
                 if not data:  # gone before its head was complete
-                    self._forget(connection)
+                    self._peer_gone(connection)
                     return
                 searched_from = max(len(connection.head) - 3, 0)
                 connection.head += data
+                if not self._hold(connection, len(data)):
+                    return
                 head_end = connection.head.find(b"\r\n\r\n", searched_from)
         except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
             self._watch(connection, EVENT_READ)
@@ -465,7 +632,7 @@ class Edge:
             self._watch(connection, EVENT_WRITE)
             return
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError, ConnectionError):
-            self._forget(connection)  # the peer went away
+            self._peer_gone(connection)
             return
         except (ssl.SSLError, OSError) as error:
             if not connection.handshaken and isinstance(error, ssl.SSLError):
@@ -477,6 +644,15 @@ class Edge:
         connection.head = bytearray()
         self._on_head(connection, head, rest)
 
+    def _peer_gone(self, connection: Connection) -> None:
+        """The peer closed: the end of keep-alive between requests, else a request cut short."""
+        if connection.requests and not connection.head:
+            self._forget(connection)
+        elif connection.state is State.HANDSHAKING:
+            self.drop(connection, "closed_in_handshake")
+        else:
+            self.drop(connection, "closed_in_head")
+
     def _handshake(self, connection: Connection) -> None:
         if not isinstance(connection.sock, ssl.SSLSocket):
             assert self._tls is not None
@@ -484,7 +660,7 @@ class Edge:
             # told about the new object before it is watched again.
             with suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(connection.sock)
-            connection.sock = self._tls.context().wrap_socket(
+            connection.sock = self._tls.context(self._verify_clients).wrap_socket(
                 connection.sock, server_side=True, do_handshake_on_connect=False
             )
         connection.sock.do_handshake()  # raises while it needs the peer
@@ -494,6 +670,68 @@ class Edge:
             self.client_not_after = ssl.cert_time_to_seconds(ends)
         connection.state = State.READING_HEADERS
         self._handshaking -= 1
+
+    def _read_body(self, connection: Connection) -> None:
+        read = connection.body
+        assert read is not None
+        while len(read.data) < read.length:
+            wanted = min(read.length - len(read.data), BODY_READ_BYTES)
+            try:
+                data = connection.sock.recv(wanted)
+            except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
+                self._watch(connection, EVENT_READ)
+                return
+            except ssl.SSLWantWriteError:
+                self._watch(connection, EVENT_WRITE)
+                return
+            except OSError:  # the TLS errors too: the peer went away, or broke the stream
+                self.drop(connection, "closed_in_body")
+                return
+            if not data:
+                self.drop(connection, "closed_in_body")
+                return
+            if not self._take_for_body(connection, len(data)):
+                return
+            read.data += data
+        connection.body = None  # what the read took is the owner's to give back now
+        self._leave(connection)
+        connection.state = State.IN_CALL
+        self._in_call.add(connection)
+        read.on_body(connection, read.head, bytes(read.data), read.release)
+
+    def _take_for_body(self, connection: Connection, count: int) -> bool:
+        """Take `count` bytes of the allowance for this connection's body, dropping the oldest
+        other bodies still arriving while it does not fit; if it fits only with the calls being
+        served gone, the connection is answered 429 (its caller retries)."""
+        read = connection.body
+        assert read is not None
+        while not read.take(count):
+            oldest = next((other for other in self._bodies if other is not connection), None)
+            if oldest is None:
+                self._on_drop("over_memory")
+                message = "the service holds as many admission bodies as it may: retry later"
+                self.respond(connection, response_bytes(429, message, {"Retry-After": "1"}))
+                return False
+            self.drop(oldest, "over_memory")
+        return True
+
+    def _send_answer(self, connection: Connection) -> None:
+        """Send an answer on a connection kept alive; then back to waiting for a request."""
+        try:
+            while connection.outgoing:
+                sent = connection.sock.send(connection.outgoing)
+                connection.outgoing = connection.outgoing[sent:]
+        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+            self._watch(connection, EVENT_WRITE)
+            return
+        except ssl.SSLWantReadError:
+            self._watch(connection, EVENT_READ)
+            return
+        except OSError:
+            self._forget(connection)
+            return
+        pending, connection.pending = connection.pending, b""
+        self.resume(connection, pending)
 
     def _send(self, connection: Connection) -> None:
         try:
@@ -532,6 +770,25 @@ class Edge:
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
+    def _hold(self, connection: Connection, count: int) -> bool:
+        """Count `count` more bytes held by a connection outside a call; past the bound, drop the
+        oldest connections that have not finished their head (this one too, when it is the
+        oldest), then the oldest idle ones. False when `connection` itself was dropped."""
+        connection.held += count
+        self._held += count
+        while self._held > self._held_bytes_limit:
+            if self._arriving:
+                oldest = next(iter(self._arriving))
+                self.drop(oldest, "over_memory")
+            elif self._idle:
+                oldest = next(iter(self._idle))
+                self._forget(oldest)
+            else:
+                break
+            if oldest is connection:
+                return False
+        return True
+
     def _make_room(self) -> bool:
         """Drop the oldest connection that has not finished its head, else the oldest idle one."""
         for group, reason in ((self._arriving, "over_capacity"), (self._idle, None)):
@@ -556,17 +813,22 @@ class Edge:
             self._forget(connection)
 
     def _leave(self, connection: Connection) -> None:
-        """Out of the selector and out of its state's group."""
+        """Out of the selector and out of its state's group; what it held is given back."""
         with suppress(KeyError, ValueError, OSError):
             self._selector.unregister(connection.sock)
         if connection.state is State.HANDSHAKING and connection in self._arriving:
             self._handshaking -= 1
-        for group in (self._arriving, self._idle, self._closing):
+        for group in (self._arriving, self._idle, self._closing, self._bodies):
             group.pop(connection, None)
         self._in_call.discard(connection)
+        self._held -= connection.held
+        connection.held = 0
+        if connection.body is not None:
+            connection.body.release()
 
     def _forget(self, connection: Connection) -> None:
         self._leave(connection)
+        connection.body = None
         _close(connection.sock)
 
 

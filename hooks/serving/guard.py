@@ -1,17 +1,23 @@
 """The checks a hook call passes on its head alone, cheapest first: the token (401), HTTPS for the
 API server's routes (403), a declared length (411) within the route's limit (413).
 
-They run twice, from one definition: at the edge (`hooks.serving.worker`), before the call costs
-a thread, and in the app (`hooks.serving.app`), which other servers and Flask's test client reach
-directly. A call refused here has cost no read, no reservation and no child."""
+They run twice, from one definition: at the edge (`HeadChecks`, for the hook port's worker and
+the admission port's server), before the call costs a thread, and in the app
+(`hooks.serving.app`), which Flask's test client reaches directly. A call refused here has cost
+no read, no reservation and no child."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hooks.routes import HOOKS, Hook
+from hooks.serving import edge, http
 from hooks.serving.auth import TokenFile
+from hooks.serving.logs import log
+from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 
 
@@ -19,6 +25,7 @@ from hooks.settings import Settings
 class Refusal:
     code: int
     message: str
+    headers: Mapping[str, str] | None = None
 
 
 class Guard:
@@ -59,3 +66,95 @@ class Guard:
         if (content_length or 0) > limit:
             return Refusal(413, f"a body of {content_length} bytes is over the limit of {limit}")
         return None
+
+
+class Backlog:
+    """The calls handed to a pool of threads and not answered yet, and how long a thread takes
+    with one (a moving average of the last few): how long a call handed now would wait for a
+    thread. Kept by the event loop alone."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.busy = 0
+        self.per_call = 0.0
+
+    def expected_wait(self) -> float:
+        ahead = self.busy - self.threads + 1
+        return max(0, ahead) * self.per_call / self.threads
+
+    def handed(self) -> None:
+        self.busy += 1
+
+    def answered(self, thread_seconds: float) -> None:
+        self.busy -= 1
+        self.per_call = (
+            thread_seconds if not self.per_call else self.per_call * 0.8 + thread_seconds * 0.2
+        )
+
+
+class HeadChecks:
+    """What an event loop decides on a complete head before the call costs anything more: the
+    route among those its port serves (404, 405), the guard's checks, and whether its threads'
+    backlog would keep it waiting past half its time (429: its caller retries, rather than time
+    out in the queue). Refusals are counted and logged as the app counts and logs its own."""
+
+    def __init__(
+        self,
+        guard: Guard,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        callers: frozenset[str],
+        secure: bool,
+        backlog: Backlog,
+        elsewhere: str,
+    ) -> None:
+        self._guard, self._settings, self._metrics = guard, settings, metrics
+        self.hooks = {path: hook for path, hook in guard.hooks.items() if hook.caller in callers}
+        self._others = set(guard.hooks) - set(self.hooks)
+        self._secure = secure
+        self.backlog = backlog
+        self._elsewhere = elsewhere
+
+    def refusal(self, head: edge.Head) -> Refusal | None:
+        hook = self.hooks.get(head.path)
+        if hook is None:
+            if head.path in self._others:
+                return Refusal(404, f"{head.path} is not served on this port: {self._elsewhere}")
+            return Refusal(404, "not found")
+        if head.method != "POST":
+            message = f"{head.method} is not allowed: hooks are called with POST"
+            return Refusal(405, message, {"Allow": "POST"})
+        refused = self._guard.check(
+            hook,
+            authorization=head.headers.get("authorization"),
+            secure=self._secure,
+            content_length=head.content_length(),
+            chunked=head.chunked,
+        )
+        return refused or self._busy(hook)
+
+    def _busy(self, hook: Hook) -> Refusal | None:
+        within = self._settings.answer_within_seconds(hook.caller)
+        wait = self.backlog.expected_wait()
+        if wait <= within / 2:
+            return None
+        self._metrics.calls_refused_busy.inc()
+        message = f"the service is busy: a thread is {wait:.1f} s away; retry later"
+        return Refusal(429, message, {"Retry-After": str(http.BUSY_RETRY_AFTER_SECONDS)})
+
+    def refused(self, head: edge.Head, refusal: Refusal, since: float) -> bytes:
+        """A call the loop answers: counted and logged; the answer's bytes."""
+        route = head.path if head.path in self.hooks else "unmatched"
+        seconds = time.monotonic() - since
+        self._metrics.observe_call(route, refusal.code, seconds, 0)
+        log(
+            logging.INFO,
+            "hook call",
+            route=route,
+            outcome="refused",
+            error=refusal.message,
+            code=refusal.code,
+            duration_ms=round(1000 * seconds, 1),
+        )
+        return edge.response_bytes(refusal.code, refusal.message, refusal.headers)

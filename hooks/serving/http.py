@@ -28,6 +28,10 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # When the edge took the call (`now()`), in its WSGI environment: its caller's clock started then.
 ACCEPTED_AT = "hooks.accepted_at"
+# In the WSGI environment of a call whose body the server read whole before calling the app, its
+# memory held by that server (the admission port's, `hooks.serving.webhook`): the app reserves
+# none of the memory budget for it.
+BODY_HELD = "hooks.body_held"
 # The work of a call (its reads, its child) ends this long before its answer is due: time to
 # decide, encode and write the answer, a denial naming the read that did not finish included.
 ANSWER_RESERVE_SECONDS = 0.25

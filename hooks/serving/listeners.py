@@ -22,6 +22,7 @@ import selectors
 import socket
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from hooks.settings import Settings
 
 # Open connections per listener; past it, those that have not sent their head go first.
 MAX_CONNECTIONS = 512
+# What a listener's connections may hold outside an answer, together (`edge.Edge`).
+HELD_BYTES = 4 * 1024 * 1024
 BACKLOG = 128
 JSON = "application/json"
 
@@ -94,7 +97,8 @@ def metrics_routes(metrics: Metrics, tokens: TokenFile | None) -> dict[str, Rout
 
 class Listener:
     """One port served by one thread: its event loop reads each request's head under the
-    deadline (`hooks.serving.edge`) and answers it there; every answer closes its connection."""
+    deadline (`hooks.serving.edge`) and answers it there (`answer_head`, which a subclass may
+    serve otherwise); every answer closes its connection."""
 
     def __init__(
         self,
@@ -106,8 +110,13 @@ class Listener:
         name: str,
         head_seconds: float,
         metrics: Metrics | None,
+        idle_seconds: float | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        held_bytes_limit: int = HELD_BYTES,
+        backlog: int = BACKLOG,
     ) -> None:
         self._routes = routes
+        self._soon: deque[Callable[[], None]] = deque()
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         # Each worker process of `serve` listens on the same ports (SO_REUSEPORT): the kernel
@@ -115,12 +124,13 @@ class Listener:
         if hasattr(socket, "SO_REUSEPORT"):
             self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self._socket.bind((host, port))
-        self._socket.listen(BACKLOG)
+        self._socket.listen(backlog)
         self.port = int(self._socket.getsockname()[1])  # the one bound (when asked for port 0)
         self._socket.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)  # a full wake-up pipe already wakes the loop
         self._stopping = False
 
         def dropped(reason: str) -> None:
@@ -133,16 +143,18 @@ class Listener:
 
         self._edge = edge.Edge(
             self._selector,
-            self._answer,
+            self.answer_head,
             head_seconds=head_seconds,
-            idle_seconds=head_seconds,
-            max_connections=MAX_CONNECTIONS,
+            idle_seconds=head_seconds if idle_seconds is None else idle_seconds,
+            max_connections=max_connections,
+            held_bytes_limit=held_bytes_limit,
             tls=tls,
+            verify_clients=False,
             on_drop=dropped,
             on_tls_failure=tls_failed,
         )
         if metrics is not None:
-            metrics.watch_connections(name, self._edge.counts)
+            metrics.watch_connections(name, self._edge)
             if tls is not None:
                 metrics.watch_tls(name, lambda: tls.not_after)
         self._selector.register(self._socket, selectors.EVENT_READ, self._accept)
@@ -152,16 +164,43 @@ class Listener:
 
     def stop(self) -> None:
         self._stopping = True
+        self._wake()
+        self.thread.join(5)
+
+    @property
+    def open(self) -> int:
+        """Open connections (read from any thread: a snapshot)."""
+        return self._edge.open
+
+    def stop_accepting(self, idle_linger_seconds: float) -> None:
+        """From now on new connections are refused; those open are served to their end, and idle
+        ones kept at most `idle_linger_seconds` more."""
+
+        def close_listener() -> None:
+            with suppress(KeyError, ValueError):
+                self._selector.unregister(self._socket)
+            self._socket.close()
+            self._edge.linger_idle(idle_linger_seconds)
+
+        self.call_soon(close_listener)
+
+    def call_soon(self, action: Callable[[], None]) -> None:
+        """Run `action` on the listener's thread (from any thread)."""
+        self._soon.append(action)
+        self._wake()
+
+    def _wake(self) -> None:
         with suppress(OSError):
             self._wake_write.send(b"x")
-        self.thread.join(5)
 
     def _accept(self, mask: int) -> None:
         self._edge.accept(self._socket)
 
     def _woken(self, mask: int) -> None:
         with suppress(OSError):
-            self._wake_read.recv(64)
+            self._wake_read.recv(4096)
+        while self._soon:
+            self._soon.popleft()()
 
     def _run(self) -> None:
         try:
@@ -175,7 +214,7 @@ class Listener:
             for sock in (self._socket, self._wake_read, self._wake_write):
                 sock.close()
 
-    def _answer(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
+    def answer_head(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
         head = edge.parse_head(head_bytes)
         if head is None:
             self._edge.drop(connection, "malformed")
@@ -226,11 +265,11 @@ def listen(
 
 
 def server_tls(settings: Settings) -> TlsSource | None:
-    """The hooks' certificate for the metrics port (reloaded when its files change), or None
-    when the hooks speak plain HTTP. Never a client certificate: Prometheus has none."""
+    """The process's serving pair (reloaded when its files change) for every port that speaks
+    TLS, or None when the hooks speak plain HTTP."""
     if settings.tls_cert_file is None or settings.tls_key_file is None:
         return None
-    return TlsSource(settings.tls_cert_file, settings.tls_key_file)
+    return TlsSource(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
 
 
 def start(
@@ -240,8 +279,10 @@ def start(
     metrics_port: int,
     state: ServiceState,
     metrics: Metrics,
+    tls: TlsSource | None,
 ) -> tuple[Listener, Listener]:
-    """The health and metrics listeners of one worker process."""
+    """The health and metrics listeners of one worker process; the metrics port serves the
+    hooks' pair (`tls`), never asking for a client certificate: Prometheus has none."""
     tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
     guard = tokens if settings.metrics_require_auth else None
     deadline = settings.header_timeout_seconds
@@ -252,7 +293,7 @@ def start(
         host,
         metrics_port,
         metrics_routes(metrics, guard),
-        server_tls(settings),
+        tls,
         name="metrics",
         head_seconds=deadline,
         metrics=metrics,

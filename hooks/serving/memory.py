@@ -184,8 +184,12 @@ class MemoryBudget:
 
 
 def memory_budget(settings: Settings) -> MemoryBudget | None:
-    """The service's budget as its settings and its container's limit make it; None for none."""
+    """The hooks' budget as the settings and the container's limit make it; None for none. A
+    budget derived from the limit leaves the admission port's share aside
+    (`GPUCLASS_ADMISSION_MEMORY_BYTES`, held by `hooks.serving.webhook`)."""
     budget_bytes = configured_budget(settings.memory_budget_bytes, settings.memory_limit_bytes)
     if budget_bytes is None:
         return None
+    if settings.memory_budget_bytes is None:
+        budget_bytes = max(budget_bytes - settings.admission_memory_bytes, budget_bytes // 2)
     return MemoryBudget(budget_bytes, max_wait_seconds=settings.memory_wait_seconds)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -31,7 +32,7 @@ from hooks.routes import BudgetUsageObserved, LicenseCopiesObserved, Observation
 from hooks.rules.budget.usage import PoolUse
 from hooks.serving import logs
 from hooks.serving.credentials import CredentialWatch
-from hooks.serving.edge import DROP_REASONS, TLS_FAILURE_REASONS
+from hooks.serving.edge import DROP_REASONS, TLS_FAILURE_REASONS, Allowance, Edge
 from hooks.serving.memory import MemoryBudget
 
 BODY_BUCKETS = tuple(float(2**n) for n in range(10, 31, 2))  # powers of 4, 2**10 .. 2**30 bytes
@@ -225,32 +226,81 @@ class BudgetCollector(Collector):
 
 
 # The ports whose connections the edge keeps (`hooks.serving.edge`).
-LISTENERS = ("hooks", "health", "metrics")
+LISTENERS = ("hooks", "admission", "health", "metrics")
 
 
 class ConnectionCollector(Collector):
-    """Open connections of each listener by state, read from its edge when scraped."""
+    """Open connections of each listener by state, and the bytes they hold outside a call, read
+    from its edge when scraped."""
 
     def __init__(self) -> None:
-        self._counts: dict[str, Callable[[], Mapping[str, int]]] = {}
+        self._edges: dict[str, Edge] = {}
 
-    def watch(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
-        self._counts[listener] = counts
+    def watch(self, listener: str, edge: Edge) -> None:
+        self._edges[listener] = edge
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             "cozystack_gpu_hook_connections",
-            "Open connections by listener and state (handshaking, reading_headers, idle, "
-            "in_call, closing)",
+            "Open connections by listener and state (handshaking, reading_headers, "
+            "reading_body, idle, in_call, closing)",
             labels=["listener", "state"],
         )
-        for listener, counts in sorted(self._counts.items()):
-            for state, count in counts().items():
+        held = GaugeMetricFamily(
+            "cozystack_gpu_hook_connection_held_bytes",
+            "What a listener's connections outside a call hold (their buffers and heads), as "
+            "counted against its bound",
+            labels=["listener"],
+        )
+        for listener, edge in sorted(self._edges.items()):
+            for state, count in edge.counts().items():
                 family.add_metric([listener, state], count)
+            held.add_metric([listener], edge.held_bytes)
         yield family
+        yield held
 
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("cozystack_gpu_hook_connections", "", labels=["listener", "state"])
+        yield GaugeMetricFamily("cozystack_gpu_hook_connection_held_bytes", "", labels=["listener"])
+
+
+# The kernel's count of connections its listen queues could not take, for the pod's network
+# namespace (every port of the pod): TcpExt's ListenOverflows in /proc/net/netstat.
+NETSTAT = Path("/proc/net/netstat")
+
+
+def listen_overflows(netstat: Path = NETSTAT) -> int | None:
+    """ListenOverflows from a netstat file; None where it cannot be read (not Linux)."""
+    try:
+        lines = netstat.read_text().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], values.split()[1:], strict=False))
+            value = table.get("ListenOverflows")
+            return int(value) if value is not None and value.isdigit() else None
+    return None
+
+
+class ListenOverflowCollector(Collector):
+    """The kernel's listen overflows, read when scraped."""
+
+    def __init__(self, netstat: Path = NETSTAT) -> None:
+        self._netstat = netstat
+
+    def collect(self) -> Iterator[Metric]:
+        count = listen_overflows(self._netstat)
+        if count is not None:
+            yield CounterMetricFamily(
+                "cozystack_gpu_hook_listen_overflows",
+                "Connections the kernel refused because a listen queue of the pod was full "
+                "(TcpExt ListenOverflows of the pod's network namespace, every port included)",
+                value=count,
+            )
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("cozystack_gpu_hook_listen_overflows", "", value=0)
 
 
 class CredentialCollector(Collector):
@@ -377,8 +427,8 @@ class Metrics:
 
         self.connections_dropped = Counter(
             "cozystack_gpu_hook_connections_dropped_total",
-            "Connections closed without an answer, by listener (hooks, health, metrics) and "
-            "reason (head_deadline, head_too_large, over_capacity, handshake_failed, malformed)",
+            "Connections closed before their request was served, by listener (hooks, "
+            "admission, health, metrics) and reason (" + ", ".join(DROP_REASONS) + ")",
             ["listener", "reason"],
             registry=self.registry,
         )
@@ -387,7 +437,7 @@ class Metrics:
                 self.connections_dropped.labels(listener=listener, reason=reason)
         self.tls_handshake_failures = Counter(
             "cozystack_gpu_hook_tls_handshake_failures_total",
-            "TLS handshakes that failed, by listener (hooks, metrics) and reason "
+            "TLS handshakes that failed, by listener (hooks, admission, metrics) and reason "
             "(certificate_rejected, client_certificate, plain_http, protocol, other)",
             ["listener", "reason"],
             registry=self.registry,
@@ -401,10 +451,22 @@ class Metrics:
         )
         self._connections = ConnectionCollector()
         self.registry.register(self._connections)
+        self.registry.register(ListenOverflowCollector())
         self.registry.register(LogCollector())
         self._credentials = CredentialCollector()
         self.registry.register(self._credentials)
 
+        self.admission_memory = Gauge(
+            "cozystack_gpu_hook_admission_memory_bytes",
+            "The admission port's share of memory: bytes of review bodies held at once",
+            registry=self.registry,
+        )
+        self.admission_memory_held = Gauge(
+            "cozystack_gpu_hook_admission_memory_held_bytes",
+            "Bytes of review bodies the admission port holds now (received, or being judged) and "
+            "of its connections reading them",
+            registry=self.registry,
+        )
         self.memory_budget = Gauge(
             "cozystack_gpu_hook_memory_budget_bytes",
             "The memory budget for request bodies in flight (0: none)",
@@ -459,9 +521,14 @@ class Metrics:
         self.threads.set(threads)
         self.calls_queued.set_function(queued)
 
-    def watch_connections(self, listener: str, counts: Callable[[], Mapping[str, int]]) -> None:
-        """Read a listener's open connections by state at each scrape."""
-        self._connections.watch(listener, counts)
+    def watch_connections(self, listener: str, edge: Edge) -> None:
+        """Read a listener's open connections by state, and what they hold, at each scrape."""
+        self._connections.watch(listener, edge)
+
+    def watch_admission_memory(self, allowance: Allowance) -> None:
+        """The admission port's share of memory, and what its reviews hold of it now."""
+        self.admission_memory.set(allowance.limit_bytes)
+        self.admission_memory_held.set_function(lambda: allowance.used_bytes)
 
     def watch_client_certificates(self, not_after: Callable[[], float]) -> None:
         """The hook port with client certificates required: when the last one presented ends.

@@ -1,5 +1,6 @@
 """The service under gunicorn: one arbiter, `HookWorker` processes, each with its edge, its fork
-server for large calls and its probe and metrics listeners."""
+server for large calls, its admission port (`hooks.serving.webhook`) and its probe and metrics
+listeners, every TLS port serving the one pair the worker reads."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
-from hooks.serving import apart, gthread, listeners, logs
+from hooks.serving import apart, gthread, listeners, logs, webhook
 from hooks.serving.app import create_app, stale_after_seconds
 from hooks.serving.auth import TokenFile
 from hooks.serving.credentials import CredentialWatch, Watched
 from hooks.serving.edge import TlsSource
 from hooks.serving.guard import Guard
 from hooks.serving.metrics import Metrics
-from hooks.serving.worker import HookWorker
+from hooks.serving.worker import LISTEN_BACKLOG, HookWorker
 from hooks.settings import Settings
 
 SWITCH_INTERVAL_SECONDS = 0.001  # see run()
@@ -37,6 +38,8 @@ class ServeOptions:
     threads: int
     health_port: int
     metrics_port: int
+    admission_port: int
+    admission_threads: int
     worker_tmp_dir: str | None = None
 
     @property
@@ -79,6 +82,7 @@ def gunicorn_options(settings: Settings, options: ServeOptions) -> dict[str, Any
         # call accepted last has its head's deadline and the hook timeout.
         "graceful_timeout": math.ceil(graceful_timeout_seconds(settings)),
         "keepalive": 5,
+        "backlog": LISTEN_BACKLOG,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": settings.log_level,
@@ -103,6 +107,7 @@ class HookServer(BaseApplication):
         tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
         self.guard = Guard(settings, tokens)
         self.metrics: Metrics | None = None  # the worker's, made when it loads the app
+        self.app: Any = None  # the worker's, made when it loads the app
         super().__init__()
 
     def load_config(self) -> None:
@@ -114,14 +119,16 @@ class HookServer(BaseApplication):
 
     def load(self) -> Any:
         self.metrics = Metrics(stale_after_seconds(self.settings))
-        return create_app(self.settings, metrics=self.metrics, guard=self.guard)
+        self.app = create_app(self.settings, metrics=self.metrics, guard=self.guard)
+        return self.app
 
     def start_worker(self, worker: Any) -> None:
         settings, options, metrics = self.settings, self.options, self.metrics
         assert metrics is not None, "gunicorn loads the app before it starts the worker"
         self.drain_on_sigterm(worker)
-        worker.serve_edge(settings, self.guard, metrics)
-        watch = credential_watch(self.guard.tokens, worker.tls)
+        tls = listeners.server_tls(settings)
+        worker.serve_edge(settings, self.guard, metrics, tls)
+        watch = credential_watch(self.guard.tokens, tls)
         metrics.watch_credentials(watch)
         self.state.unready = watch.unready
         watch.start()
@@ -131,8 +138,25 @@ class HookServer(BaseApplication):
         # answer: a worker that reports ready can compute a large call.
         if apart.supported():
             apart.start()
+        admission = webhook.Webhook(
+            settings,
+            options.host,
+            options.admission_port,
+            app=self.app,
+            guard=self.guard,
+            metrics=metrics,
+            tls=tls,
+            threads=options.admission_threads,
+        )
+        worker.drain_with(admission)
         listeners.start(
-            settings, options.host, options.health_port, options.metrics_port, self.state, metrics
+            settings,
+            options.host,
+            options.health_port,
+            options.metrics_port,
+            self.state,
+            metrics,
+            tls,
         )
 
     def drain_on_sigterm(self, worker: Any) -> None:

@@ -17,7 +17,6 @@ connections linger briefly for a request already on its way."""
 
 from __future__ import annotations
 
-import logging
 import resource
 import selectors
 import time
@@ -28,38 +27,19 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 from hooks.serving import edge, gthread, http
-from hooks.serving.guard import Guard
-from hooks.serving.logs import log
+from hooks.serving.guard import Backlog, Guard, HeadChecks
+from hooks.serving.listeners import Listener
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 
 # How long a stopping worker keeps an idle connection for a request already on its way.
 STOP_IDLE_LINGER_SECONDS = 2.0
 LISTENER = "hooks"
-
-
-class Backlog:
-    """The calls handed to the threads and not answered yet, and how long a thread takes with
-    one (a moving average of the last few): how long a call handed now would wait for a
-    thread. Kept by the loop alone."""
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self.busy = 0
-        self.per_call = 0.0
-
-    def expected_wait(self) -> float:
-        ahead = self.busy - self.threads + 1
-        return max(0, ahead) * self.per_call / self.threads
-
-    def handed(self) -> None:
-        self.busy += 1
-
-    def answered(self, thread_seconds: float) -> None:
-        self.busy -= 1
-        self.per_call = (
-            thread_seconds if not self.per_call else self.per_call * 0.8 + thread_seconds * 0.2
-        )
+# What the hook port's connections may hold outside a call, together (`edge.Edge`): part of what
+# the memory budget leaves aside for the process (docs/scale.md).
+HELD_BYTES = 32 * 1024 * 1024
+# Connections the kernel may hold complete but not yet accepted (capped by net.core.somaxconn).
+LISTEN_BACKLOG = 1024
 
 
 def honour_connection_close(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
@@ -90,10 +70,7 @@ class HookWorker(ThreadWorker):
     refuses to run."""
 
     _edge: edge.Edge | None = None
-    _guard: Guard | None = None
-    _metrics: Metrics | None = None
-    _settings: Settings | None = None
-    _backlog = Backlog(1)
+    _checks: HeadChecks | None = None
     # By id of the connection's socket: when the edge took its call, when a thread began it.
     _taken: dict[int, float]
     _started: dict[int, float]
@@ -101,6 +78,11 @@ class HookWorker(ThreadWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._taken, self._started = {}, {}
+        self._drained_with: list[Listener] = []
+
+    def drain_with(self, listener: Listener) -> None:
+        """A port served apart whose calls a stopping worker answers too (the admission port)."""
+        self._drained_with.append(listener)
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -123,37 +105,39 @@ class HookWorker(ThreadWorker):
 
         return timed
 
-    def serve_edge(self, settings: Settings, guard: Guard, metrics: Metrics) -> None:
-        tls = None
-        if settings.tls_cert_file is not None and settings.tls_key_file is not None:
-            tls = edge.TlsSource(
-                settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file
-            )
-        self._guard = guard
-        self._metrics = metrics
-        self._settings = settings
+    def serve_edge(
+        self, settings: Settings, guard: Guard, metrics: Metrics, tls: edge.TlsSource | None
+    ) -> None:
         self.tls = tls
-        self._backlog = Backlog(self.cfg.threads)
-        self._secure = tls is not None
+        self._checks = HeadChecks(
+            guard,
+            settings,
+            metrics,
+            callers=frozenset({"metacontroller"}),
+            secure=tls is not None,
+            backlog=Backlog(self.cfg.threads),
+            elsewhere="admission reviews are served on the admission port",
+        )
         self._edge = edge.Edge(
             self.poller,
             self._on_head,
             head_seconds=settings.header_timeout_seconds,
             idle_seconds=float(self.cfg.keepalive),
             max_connections=settings.max_connections,
+            held_bytes_limit=HELD_BYTES,
             tls=tls,
             on_drop=lambda reason: metrics.connections_dropped.labels(LISTENER, reason).inc(),
             on_tls_failure=lambda reason: metrics.tls_handshake_failures.labels(
                 LISTENER, reason
             ).inc(),
         )
-        metrics.watch_connections(LISTENER, self._edge.counts)
+        metrics.watch_connections(LISTENER, self._edge)
         if tls is not None:
             metrics.watch_tls(LISTENER, lambda: tls.not_after)
         if settings.tls_client_ca_file is not None:
             the_edge = self._edge
             metrics.watch_client_certificates(lambda: the_edge.client_not_after)
-        _raise_open_files_limit(settings.max_connections + 256)
+        _raise_open_files_limit(2 * settings.max_connections + 256)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -181,9 +165,13 @@ class HookWorker(ThreadWorker):
             self.poller.unregister(listener)
             listener.close()  # the arbiter closed its copy already: new connections are refused
         the_edge.linger_idle(STOP_IDLE_LINGER_SECONDS)
+        for apart in self._drained_with:
+            apart.stop_accepting(STOP_IDLE_LINGER_SECONDS)
         # The arbiter's graceful timeout bounds this from SIGTERM on (`hooks.cli`).
         stop_by = time.monotonic() + self.cfg.graceful_timeout
-        while the_edge.open and time.monotonic() < stop_by:
+        while time.monotonic() < stop_by and (
+            the_edge.open or any(apart.open for apart in self._drained_with)
+        ):
             self.notify()
             self._dispatch(the_edge.timeout())
             the_edge.expire()
@@ -203,16 +191,15 @@ class HookWorker(ThreadWorker):
     # -- from a head to a thread, and back -----------------------------------------------------
 
     def _on_head(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
-        assert self._edge is not None and self._guard is not None
+        assert self._edge is not None and self._checks is not None
         head = edge.parse_head(head_bytes)
         if head is None:
             self._edge.drop(connection, "malformed")
             return
-        refusal = self._refusal(head) or self._busy(head)
+        refusal = self._checks.refusal(head)
         if refusal is not None:
-            code, message, extra = refusal
-            self._refused(head, code, message, connection.accepted_at)
-            self._edge.respond(connection, edge.response_bytes(code, message, extra))
+            answer = self._checks.refused(head, refusal, connection.accepted_at)
+            self._edge.respond(connection, answer)
             return
         tconn = connection.owner_state
         if tconn is None:
@@ -223,62 +210,16 @@ class HookWorker(ThreadWorker):
         # The call's clock starts with its request: at accept, or when a kept-alive connection
         # sent again (the edge's clock is the call's, `http.now`).
         self._taken[id(connection.sock)] = connection.head_started or http.now()
-        self._backlog.handed()
+        self._checks.backlog.handed()
         future = self.tpool.submit(self.handle, tconn)
         future.add_done_callback(
             lambda done: self.method_queue.defer(self._finished, connection, done)
         )
 
-    def _refusal(self, head: edge.Head) -> tuple[int, str, dict[str, str] | None] | None:
-        assert self._guard is not None
-        hook = self._guard.hooks.get(head.path)
-        if hook is None:
-            return 404, "not found", None
-        if head.method != "POST":
-            message = f"{head.method} is not allowed: hooks are called with POST"
-            return 405, message, {"Allow": "POST"}
-        refused = self._guard.check(
-            hook,
-            authorization=head.headers.get("authorization"),
-            secure=self._secure,
-            content_length=head.content_length(),
-            chunked=head.chunked,
-        )
-        return None if refused is None else (refused.code, refused.message, None)
-
-    def _busy(self, head: edge.Head) -> tuple[int, str, dict[str, str] | None] | None:
-        """429 at once for a call the calls ahead of it would keep waiting past half its time:
-        its caller retries after Retry-After, rather than time out in the queue."""
-        assert self._guard is not None and self._settings is not None and self._metrics is not None
-        hook = self._guard.hooks[head.path]
-        within = self._settings.answer_within_seconds(hook.caller)
-        wait = self._backlog.expected_wait()
-        if wait <= within / 2:
-            return None
-        self._metrics.calls_refused_busy.inc()
-        message = f"the service is busy: a thread is {wait:.1f} s away; retry later"
-        return 429, message, {"Retry-After": str(http.BUSY_RETRY_AFTER_SECONDS)}
-
-    def _refused(self, head: edge.Head, code: int, message: str, since: float) -> None:
-        """A call the edge answered: counted and logged as the app counts and logs its own."""
-        assert self._metrics is not None and self._guard is not None
-        route = head.path if head.path in self._guard.hooks else "unmatched"
-        seconds = time.monotonic() - since
-        self._metrics.observe_call(route, code, seconds, 0)
-        log(
-            logging.INFO,
-            "hook call",
-            route=route,
-            outcome="refused",
-            error=message,
-            code=code,
-            duration_ms=round(1000 * seconds, 1),
-        )
-
     def _finished(self, connection: edge.Connection, done: Future[Any]) -> None:
-        assert self._edge is not None
+        assert self._edge is not None and self._checks is not None
         started = self._started.pop(id(connection.sock), None)
-        self._backlog.answered(0.0 if started is None else http.now() - started)
+        self._checks.backlog.answered(0.0 if started is None else http.now() - started)
         keep = False
         try:
             keep = bool(done.result())

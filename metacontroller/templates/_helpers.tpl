@@ -125,9 +125,13 @@ webhook:
 {{- end -}}
 
 {{/* "true" when cert-manager issues the certificates: TLS on, no existing Secret named, and
-cert-manager's API served by the cluster (helm template: pass --api-versions cert-manager.io/v1). */}}
+cert-manager's API served by the cluster, or a render that reads no cluster (helm template, a
+GitOps pipeline: the kube-system Namespace cannot be read), where the defaults must render; the
+install then needs cert-manager, as docs/install.md says. */}}
 {{- define "gpuclass-hooks.certManager" -}}
-{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) .Values.tls.certManager.enabled (.Capabilities.APIVersions.Has "cert-manager.io/v1") -}}
+{{- $served := .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}
+{{- $offline := not (lookup "v1" "Namespace" "" "kube-system") -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) .Values.tls.certManager.enabled (or $served $offline) -}}
 true
 {{- end -}}
 {{- end -}}

@@ -65,14 +65,16 @@ def hooks_of(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def test_helm_lint_of_the_defaults_fails_where_the_render_fails() -> None:
-    """helm lint reads no cluster: the defaults cannot render there (admission needs the API
-    servers' addresses and a CA), and lint fails as `helm template` does, with the reason."""
+def test_helm_lint_of_the_defaults_passes_and_fails_where_the_render_fails() -> None:
+    """helm lint reads no cluster: the defaults render there as in any GitOps pipeline; values
+    the chart refuses fail lint as they fail `helm template`, with the reason."""
     result = helm_run("lint", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = helm_run("lint", str(CHART), "--set", "tls.enabled=false")
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     assert "[ERROR] templates/" in output and "the-chart-refuses-these-values" in output, output
-    assert "Fail: networkPolicy.enabled with admission.enabled" in output, output
+    assert "Fail: admission.enabled (on by default) needs tls.enabled" in output, output
 
 
 def test_helm_lint_passes() -> None:
@@ -323,7 +325,7 @@ def test_probes_ask_the_health_port_over_plain_http(sets: tuple[str, ...]) -> No
     mTLS."""
     container = container_of(render(*sets))
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
-    assert ports == {"hooks": 8080, "health": 8081, "metrics": 9090}
+    assert ports == {"hooks": 8080, "health": 8081, "metrics": 9090, "admission": 9443}
     assert "--health-port=8081" in container["args"]
     assert "--metrics-port=9090" in container["args"]
     served = set(listeners.health_routes(listeners.ServiceState()))
@@ -360,7 +362,10 @@ def test_the_hook_service_port_is_named_after_its_scheme_and_every_caller_uses_i
         assert (url.scheme, url.port) == (scheme, port)
     for configuration in by_kind(documents, "ValidatingWebhookConfiguration"):
         webhooks = configuration["webhooks"]
-        assert {w["clientConfig"]["service"]["port"] for w in webhooks} == {port}
+        assert {w["clientConfig"]["service"]["port"] for w in webhooks} == {9443}
+        assert ports["admission"] == {
+            "name": "admission", "port": 9443, "targetPort": "admission", "protocol": "TCP"
+        }  # fmt: skip
     check = one(documents, "Pod")["spec"]["containers"][0]["args"][1]
     assert urlparse(check).port == port
 
@@ -375,9 +380,9 @@ def test_an_upgrade_from_port_80_keeps_the_old_port_until_told_to_drop_it() -> N
     dropped = {
         p["name"] for p in one(render("service.previousPort=null"), "Service")["spec"]["ports"]
     }
-    assert dropped == {"https", "metrics"}
+    assert dropped == {"https", "metrics", "admission"}
     same = {p["name"] for p in one(render("service.port=80"), "Service")["spec"]["ports"]}
-    assert same == {"https", "metrics"}
+    assert same == {"https", "metrics", "admission"}
 
 
 def test_the_durations_the_settings_table_shows_the_chart_accepts() -> None:
@@ -463,6 +468,7 @@ def test_every_service_port_forwards_to_a_port_the_container_listens_on(
     listening = {
         "hooks": int(args["--bind"].rsplit(":", 1)[1]),
         "metrics": int(args["--metrics-port"]),
+        "admission": int(args["--admission-port"]),
     }
     service = one(default_render, "Service")
     assert service["spec"]["selector"].items() <= (
@@ -716,12 +722,17 @@ def test_defaults_with_cert_manager_give_token_auth_and_https(
     assert issued == {"gpu-gpuclass-hooks-ca", "gpu-gpuclass-hooks-tls"}
 
 
-def test_defaults_without_cert_manager_or_an_existing_secret_refuse_to_render() -> None:
-    result = template(api_versions=())
-    assert result.returncode != 0
-    message = result.stderr
-    assert "install cert-manager" in message and "tls.existingSecret" in message
-    assert "tls.enabled=false, auth.enabled=false and admission.enabled=false" in message
+def test_the_defaults_render_without_a_cluster_with_or_without_the_cert_manager_api() -> None:
+    """What Argo CD, a `helm template | kubectl apply` pipeline and manifest linters run: no
+    cluster to read, no API versions passed. cert-manager issues the certificates (the install
+    needs it, as on a cluster that serves its API), and the admission port is left open to
+    every address, its own bounds protecting the hooks (NOTES.txt says how to narrow it)."""
+    for api_versions in ((), (CERT_MANAGER,)):
+        documents = render(api_versions=api_versions, api_servers=())
+        issued = {c["spec"]["secretName"] for c in by_kind(documents, "Certificate")}
+        assert issued == {"gpu-gpuclass-hooks-ca", "gpu-gpuclass-hooks-tls"}
+        [config] = by_kind(documents, "ValidatingWebhookConfiguration")
+        assert "cert-manager.io/inject-ca-from" in config["metadata"]["annotations"]
 
 
 def test_plain_http_renders_only_when_asked_and_notes_warn(tmp_path: Path) -> None:
@@ -734,6 +745,12 @@ def test_plain_http_renders_only_when_asked_and_notes_warn(tmp_path: Path) -> No
         *PLAIN, tmp_path=tmp_path / "plain"
     )
     assert "WARNING" not in notes(tmp_path=tmp_path / "secure")
+
+
+def test_notes_say_how_to_narrow_an_admission_port_open_to_every_address(tmp_path: Path) -> None:
+    opened = notes("networkPolicy.apiServerCIDRs=null", tmp_path=tmp_path / "open")
+    assert "--set 'networkPolicy.apiServerCIDRs=" in opened
+    assert "apiServerCIDRs" not in notes(tmp_path=tmp_path / "narrow")
 
 
 def notes(*sets: str, tmp_path: Path) -> str:
@@ -981,7 +998,6 @@ def test_the_memory_budget_can_be_set_or_turned_off() -> None:
 TLS_MATRIX = {
     "tls.enabled": (True, False),
     "tls.certManager.enabled": (True, False),
-    "cert-manager API": (True, False),
     "tls.existingSecret": ("", "own-tls"),
     "tls.clientAuth.enabled": (True, False),
     "tls.clientAuth.existingSecret": ("", "own-client"),
@@ -1017,12 +1033,8 @@ def secrets_provided(documents: list[dict[str, Any]], values: dict[str, Any]) ->
 
 def should_render(values: dict[str, Any]) -> bool:
     tls, client = values["tls.enabled"], values["tls.clientAuth.enabled"]
-    issuing = (
-        tls
-        and not values["tls.existingSecret"]
-        and values["tls.certManager.enabled"]
-        and values["cert-manager API"]
-    )
+    # rendered without a cluster: cert-manager issues wherever it is asked to
+    issuing = tls and not values["tls.existingSecret"] and values["tls.certManager.enabled"]
     return not (
         (tls and not values["tls.existingSecret"] and not issuing)
         or (client and not tls)
@@ -1040,9 +1052,8 @@ def test_every_combination_that_renders_mounts_only_secrets_that_exist() -> None
     combinations = [dict(zip(TLS_MATRIX, c, strict=True)) for c in product(*TLS_MATRIX.values())]
 
     def rendered(values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-        sets = [f"{k}={str(v).lower()}" for k, v in values.items() if k != "cert-manager API"]
-        apis = (CERT_MANAGER,) if values["cert-manager API"] else ()
-        return values, template(*sets, api_versions=apis)
+        sets = [f"{k}={str(v).lower()}" for k, v in values.items()]
+        return values, template(*sets, api_versions=())
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(rendered, combinations))

@@ -14,9 +14,8 @@ from hooks.rules.budget.tenancy import Tenancy
 from hooks.rules.classes import ClassIdentity
 from hooks.serving import edge, http
 from hooks.serving.app import create_app
-from hooks.serving.guard import Guard
+from hooks.serving.guard import Backlog, Guard, HeadChecks, Refusal
 from hooks.serving.metrics import Metrics
-from hooks.serving.worker import Backlog, HookWorker
 from hooks.settings import Settings
 from tests.builders import GPU, admission_review, example_of, gpus
 from tests.fake_apiserver import FakeApiServer, Route
@@ -146,31 +145,40 @@ def test_the_backlog_expects_a_wait_only_past_the_threads() -> None:
     assert backlog.per_call == pytest.approx(1.6)  # the average moves a fifth of the way
 
 
+def head_checks(settings: Settings, callers: str, threads: int = 2) -> HeadChecks:
+    return HeadChecks(
+        Guard(settings, None),
+        settings,
+        Metrics(180.0),
+        callers=frozenset({callers}),
+        secure=True,
+        backlog=Backlog(threads),
+        elsewhere="elsewhere",
+    )
+
+
 def test_the_edge_refuses_at_once_a_call_that_would_wait_past_half_its_time(
     settings: Settings,
 ) -> None:
     """Decided in the event loop, before a thread is taken: 429 with Retry-After."""
-    worker = object.__new__(HookWorker)
-    worker._guard, worker._settings = Guard(settings, None), settings
-    worker._metrics, worker._backlog = Metrics(180.0), Backlog(threads=2)
+    checks = head_checks(settings, "metacontroller")
     head = edge.parse_head(b"POST /status/customize HTTP/1.1\r\nHost: x\r\n\r\n")
     assert head is not None
-    worker._backlog.per_call = 10.0
-    worker._backlog.busy = 2  # both threads taken: the next call is 5 s away, of its 29
-    assert worker._busy(head) is None
-    worker._backlog.busy = 3  # one more ahead of it: 10 s away
-    assert worker._busy(head) is None
-    worker._backlog.busy = 4  # 15 s away, past half of 29
-    assert worker._busy(head) == (
-        429,
-        "the service is busy: a thread is 15.0 s away; retry later",
-        {"Retry-After": "1"},
+    checks.backlog.per_call = 10.0
+    checks.backlog.busy = 2  # both threads taken: the next call is 5 s away, of its 29
+    assert checks.refusal(head) is None
+    checks.backlog.busy = 3  # one more ahead of it: 10 s away
+    assert checks.refusal(head) is None
+    checks.backlog.busy = 4  # 15 s away, past half of 29
+    assert checks.refusal(head) == Refusal(
+        429, "the service is busy: a thread is 15.0 s away; retry later", {"Retry-After": "1"}
     )
+    reviews = head_checks(settings, "apiserver")
     review = edge.parse_head(b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\n\r\n")
     assert review is not None
-    worker._backlog.busy = 2  # 5 s away: past half of a review's 9
-    assert worker._busy(review) is not None
-    assert worker._metrics.calls_refused_busy._value.get() == 2.0
+    reviews.backlog.per_call, reviews.backlog.busy = 10.0, 2  # 5 s away: past half of its 9
+    refusal = reviews.refusal(review)
+    assert refusal is not None and refusal.code == 429
 
 
 def test_a_call_the_edge_refuses_is_counted_under_its_route_or_unmatched(
@@ -178,16 +186,35 @@ def test_a_call_the_edge_refuses_is_counted_under_its_route_or_unmatched(
 ) -> None:
     """Every scanner path its own series would explode the metrics: a path that is no hook is
     counted as `unmatched`, as the app counts it."""
-    worker = object.__new__(HookWorker)
-    worker._guard, worker._metrics = Guard(settings, None), Metrics(180.0)
+    checks = head_checks(settings, "metacontroller")
     for path in (b"/wp-admin/setup.php", b"/status/customize"):
         head = edge.parse_head(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         assert head is not None
-        worker._refused(head, 405, "no", since=http.now())
+        refusal = checks.refusal(head)
+        assert refusal is not None
+        checks.refused(head, refusal, since=http.now())
     routes = {
         sample.labels["route"]
-        for family in worker._metrics.registry.collect()
+        for family in checks._metrics.registry.collect()
         if family.name == "cozystack_gpu_hook_requests"
         for sample in family.samples
     }
     assert routes == {"unmatched", "/status/customize"}
+
+
+def test_each_port_refuses_the_routes_of_the_other_naming_where_they_are_served(
+    settings: Settings,
+) -> None:
+    """A review sent to the hook port, or a hook to the admission port: 404 at the head, never
+    a thread, with where to call instead."""
+    hooks, reviews = head_checks(settings, "metacontroller"), head_checks(settings, "apiserver")
+    review = edge.parse_head(b"POST /admit/gpu-budget HTTP/1.1\r\nContent-Length: 2\r\n\r\n")
+    sync = edge.parse_head(b"POST /status/sync HTTP/1.1\r\nContent-Length: 2\r\n\r\n")
+    assert review is not None and sync is not None
+    assert hooks.refusal(review) == Refusal(
+        404, "/admit/gpu-budget is not served on this port: elsewhere"
+    )
+    assert reviews.refusal(sync) == Refusal(
+        404, "/status/sync is not served on this port: elsewhere"
+    )
+    assert hooks.refusal(sync) is None and reviews.refusal(review) is None

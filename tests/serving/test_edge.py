@@ -239,7 +239,7 @@ def test_a_load_that_straddled_a_swap_is_tried_again_though_the_files_no_longer_
     load = edge.TlsSource._load
     failed: list[bool] = []
 
-    def straddled(self: edge.TlsSource) -> tuple[ssl.SSLContext, float]:
+    def straddled(self: edge.TlsSource) -> tuple[dict[bool, ssl.SSLContext], float]:
         if not failed:
             failed.append(True)
             raise ssl.SSLError("[X509: KEY_VALUES_MISMATCH] key values mismatch")
@@ -286,6 +286,7 @@ class Loop:
         *,
         max_connections: int = 8,
         head_seconds: float = 5.0,
+        held_bytes_limit: int = 64 * 1024 * 1024,
         tls: edge.TlsSource | None = None,
     ) -> None:
         self.now = 100.0
@@ -301,6 +302,7 @@ class Loop:
             head_seconds=head_seconds,
             idle_seconds=3.0,
             max_connections=max_connections,
+            held_bytes_limit=held_bytes_limit,
             tls=tls,
             on_drop=self.drops.append,
             on_tls_failure=self.tls_failures.append,
@@ -386,6 +388,7 @@ def test_past_the_cap_the_oldest_unfinished_head_goes_then_the_oldest_idle_one(l
     assert loop.edge.counts() == {
         "handshaking": 0,
         "reading_headers": 6,
+        "reading_body": 0,
         "idle": 1,
         "in_call": 1,
         "closing": 0,
@@ -441,11 +444,84 @@ def test_an_answer_is_sent_whole_then_the_connection_closes_after_reading_what_i
     assert loop.edge.open == 0
 
 
-def test_a_client_gone_before_its_head_is_forgotten_without_a_drop(loop: Loop) -> None:
+def test_a_client_gone_before_its_head_is_counted_by_where_it_stopped(loop: Loop) -> None:
+    """Connect-and-close churn is visible: a peer gone with its head unfinished is a drop."""
+    silent = loop.connect()
+    silent.close()
+    halfway = loop.connect()
+    halfway.sendall(b"POST / HTTP/1.1\r\n")
+    loop.turn()
+    halfway.close()
+    loop.turn()
+    assert loop.edge.open == 0
+    assert loop.drops == ["closed_in_head", "closed_in_head"]
+
+
+def test_a_kept_alive_connection_closed_between_requests_is_not_a_drop(loop: Loop) -> None:
     client = loop.connect()
+    loop.called(client)
     client.close()
     loop.turn()
     assert loop.edge.open == 0 and loop.drops == []
+
+
+def test_a_tls_client_gone_in_its_handshake_is_counted_so(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    running = Loop(tls=edge.TlsSource(tmp_path / "tls.crt", tmp_path / "tls.key"))
+    try:
+        running.connect().close()
+        running.turn()
+        assert running.drops == ["closed_in_handshake"] and running.edge.open == 0
+    finally:
+        running.close()
+
+
+def test_past_the_bound_on_held_bytes_the_oldest_unfinished_head_goes_never_a_call() -> None:
+    """Heads and idle connections are bounded as a whole: each counts its buffers and the bytes
+    of its head; past the bound the oldest unfinished head goes first, then the oldest idle one,
+    never a call in progress."""
+    running = Loop(max_connections=100, held_bytes_limit=3 * edge.CONNECTION_BYTES + 1000)
+    try:
+        in_call = running.connect()
+        in_call.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        running.turn()
+        running.edge.hand_off(running.heads[0][0])
+        idle = running.connect()
+        running.called(idle)
+        first, second = running.connect(), running.connect()
+        assert running.edge.held_bytes == 3 * edge.CONNECTION_BYTES  # the call holds none
+        second.sendall(b"POST / HTTP/1.1\r\nX: " + b"a" * 900)
+        running.turn()
+        assert running.drops == []
+        first.sendall(b"POST / HTTP/1.1\r\nX: " + b"b" * 900)  # over: the oldest head goes
+        running.turn()
+        assert running.drops == ["over_memory"] and first.recv(1) == b""
+        newest = running.connect()
+        newest.sendall(b"POST / HTTP/1.1\r\nX: " + b"d" * 200)  # over again: `second` now
+        running.turn()
+        assert running.drops == ["over_memory", "over_memory"] and second.recv(1) == b""
+        assert running.edge.counts()["idle"] == 1  # heads went first
+        running.edge.close_all()
+        running.heads.clear()
+        later = running.connect()
+        later.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        running.turn()
+        connection = running.heads[-1][0]
+        running.edge.hand_off(connection)
+        idle = [running.connect() for _ in range(3)]
+        for client in idle:
+            running.called(client)
+        assert running.edge.counts()["idle"] == 3
+        running.connect()  # the newest head is the oldest unfinished one: it goes, idle stay
+        assert running.drops[-1] == "over_memory" and running.edge.counts()["idle"] == 3
+        running.edge.resume(connection, b"")  # back idle, over the bound: the oldest idle goes
+        assert idle[0].recv(1) == b"" and running.edge.counts()["idle"] == 3
+        assert running.edge.held_bytes <= 3 * edge.CONNECTION_BYTES + 1000
+    finally:
+        running.close()
 
 
 def test_the_loop_sleeps_no_longer_than_the_next_deadline(loop: Loop) -> None:
@@ -485,8 +561,7 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
     leaf = ca.issue_cert("127.0.0.1")
     leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
     leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
-    running = Loop()
-    running.edge._tls = edge.TlsSource(tmp_path / "tls.crt", tmp_path / "tls.key")
+    running = Loop(tls=edge.TlsSource(tmp_path / "tls.crt", tmp_path / "tls.key"))
     try:
         raw = running.connect()
         assert running.edge.counts()["handshaking"] == 1
@@ -603,9 +678,8 @@ def test_the_client_certificate_expiry_follows_the_certificate_last_presented(
     leaf.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "tls.crt"))
     leaf.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
     ca.cert_pem.write_to_path(str(tmp_path / "client-ca.crt"))
-    running = Loop()
-    running.edge._tls = edge.TlsSource(
-        tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "client-ca.crt"
+    running = Loop(
+        tls=edge.TlsSource(tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "client-ca.crt")
     )
     seen = []
     try:
@@ -627,3 +701,134 @@ def test_the_client_certificate_expiry_follows_the_certificate_last_presented(
         assert seen[1] - seen[0] == pytest.approx(80 * 86400, abs=60)
     finally:
         running.close()
+
+
+# -- bodies read by the loop (the admission port) -----------------------------------------------
+
+
+class Bodies:
+    """What `read_body` handed over, and the allowance it took from."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.allowance = edge.Allowance(limit_bytes)
+        self.received: list[tuple[edge.Connection, bytes, Any]] = []
+
+    def read(self, loop: Loop, length: int, deadline: float = 110.0) -> edge.Connection:
+        connection, head, rest = loop.heads[-1]
+        loop.edge.read_body(
+            connection,
+            head,
+            length,
+            rest,
+            deadline=deadline,
+            allowance=self.allowance,
+            on_body=lambda c, h, body, release: self.received.append((c, body, release)),
+        )
+        return connection
+
+
+def test_a_body_is_read_by_the_loop_and_handed_over_whole_with_its_memory(loop: Loop) -> None:
+    bodies = Bodies(1024 * 1024)
+    client = loop.connect()
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123")
+    loop.turn()
+    bodies.read(loop, 10)
+    assert loop.edge.counts()["reading_body"] == 1
+    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 4
+    client.sendall(b"456789")
+    loop.turn()
+    [(connection, body, release)] = bodies.received
+    assert body == b"0123456789" and loop.edge.counts()["in_call"] == 1
+    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 10  # held until released
+    release()
+    release()  # once, however often
+    assert bodies.allowance.used_bytes == 0
+
+
+def test_a_declared_length_takes_nothing_until_its_bytes_arrive(loop: Loop) -> None:
+    bodies = Bodies(1024 * 1024)
+    client = loop.connect()
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 7340032\r\n\r\n")
+    loop.turn()
+    bodies.read(loop, 7 * 1024 * 1024)
+    loop.turn()
+    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES
+    client.sendall(b"x" * 1000)
+    loop.turn()
+    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 1000
+
+
+def test_a_body_not_whole_by_its_deadline_is_408_and_gives_its_memory_back(loop: Loop) -> None:
+    bodies = Bodies(1024 * 1024)
+    client = loop.connect()
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 10\r\n\r\n01")
+    loop.turn()
+    bodies.read(loop, 10, deadline=loop.now + 3)
+    assert loop.edge.timeout() <= 3
+    loop.now += 3.1
+    loop.turn()
+    assert loop.drops == ["body_deadline"] and bodies.received == []
+    assert client.recv(64).startswith(b"HTTP/1.1 408 ")
+    assert bodies.allowance.used_bytes == 0
+
+
+def test_a_peer_gone_mid_body_is_counted_and_gives_its_memory_back(loop: Loop) -> None:
+    bodies = Bodies(1024 * 1024)
+    client = loop.connect()
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 10\r\n\r\n01")
+    loop.turn()
+    bodies.read(loop, 10)
+    client.close()
+    loop.turn()
+    assert loop.drops == ["closed_in_body"] and bodies.allowance.used_bytes == 0
+    assert loop.edge.open == 0
+
+
+def test_when_the_allowance_is_used_up_the_oldest_body_still_arriving_goes(loop: Loop) -> None:
+    bodies = Bodies(3 * edge.CONNECTION_BYTES)
+    clients = []
+    for _ in range(2):
+        client = loop.connect()
+        client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+        loop.turn()
+        bodies.read(loop, 100000)
+        clients.append(client)
+    clients[1].sendall(b"y" * (edge.CONNECTION_BYTES + 1))  # past the allowance: the oldest goes
+    loop.turn()
+    assert loop.drops == ["over_memory"] and clients[0].recv(1) == b""
+    assert bodies.allowance.used_bytes == 2 * edge.CONNECTION_BYTES + 1
+
+
+def test_a_body_that_fits_only_without_the_calls_being_judged_is_429(loop: Loop) -> None:
+    bodies = Bodies(2 * edge.CONNECTION_BYTES + 100)
+    judged = loop.connect()
+    judged.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b"j" * 100)
+    loop.turn()
+    bodies.read(loop, 100)
+    assert len(bodies.received) == 1  # being judged: its memory stays taken
+    late = loop.connect()
+    late.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"k" * 5000)
+    loop.turn()
+    bodies.read(loop, 5000)
+    loop.turn()
+    answer = late.recv(256)
+    assert answer.startswith(b"HTTP/1.1 429 ") and b"Retry-After: 1" in answer
+    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 100
+
+
+def test_an_answer_sent_by_the_loop_keeps_the_connection_for_its_next_request(loop: Loop) -> None:
+    bodies = Bodies(1024 * 1024)
+    client = loop.connect()
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 2\r\n\r\nok")
+    loop.turn()
+    bodies.read(loop, 2)
+    connection = bodies.received[0][0]
+    loop.edge.answer(connection, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", keep_alive=True)
+    assert client.recv(64) == b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    assert loop.edge.counts()["idle"] == 1
+    client.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    loop.turn()
+    assert loop.heads[-1][0] is connection and len(loop.heads) == 2
+    loop.edge.answer(connection, b"HTTP/1.1 200 OK\r\n\r\n", keep_alive=False)
+    loop.turn()
+    assert client.recv(64) == b"HTTP/1.1 200 OK\r\n\r\n" and client.recv(1) == b""

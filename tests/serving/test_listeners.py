@@ -35,7 +35,9 @@ def metrics() -> Metrics:
 def started(
     settings: Settings, state: listeners.ServiceState, metrics: Metrics
 ) -> Iterator[tuple[str, str]]:
-    health, scrape = listeners.start(settings, "127.0.0.1", 0, 0, state, metrics)
+    health, scrape = listeners.start(
+        settings, "127.0.0.1", 0, 0, state, metrics, listeners.server_tls(settings)
+    )
     try:
         scheme = "https" if settings.tls_cert_file else "http"
         yield f"http://127.0.0.1:{health.port}", f"{scheme}://127.0.0.1:{scrape.port}"
@@ -141,7 +143,7 @@ def test_a_silent_client_is_dropped_and_others_are_answered_meanwhile(
 def test_two_workers_can_listen_on_the_same_ports(
     state: listeners.ServiceState, metrics: Metrics
 ) -> None:
-    first, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
+    first, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics, None)
     try:
         second = listeners.listen(
             "127.0.0.1", first.port, listeners.health_routes(state), None, head_seconds=5
@@ -267,7 +269,7 @@ def test_a_worker_says_which_ports_it_listens_on(
     state: listeners.ServiceState, metrics: Metrics, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
-        health, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics)
+        health, scrape = listeners.start(Settings(), "127.0.0.1", 0, 0, state, metrics, None)
     health.stop()
     scrape.stop()
     [line] = [r for r in caplog.records if r.getMessage() == "listening"]

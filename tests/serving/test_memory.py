@@ -191,12 +191,26 @@ def test_the_container_limit_from_cgroup_v2_or_v1(
     assert container_memory_limit(tmp_path) == limit
 
 
-def test_settings_give_the_budget_to_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUCLASS_MEMORY_LIMIT_BYTES", str(2048 * MIB))
+def exported_budget(settings: Settings) -> float:
     exported = Metrics(180.0)
-    create_app(Settings(), metrics=exported)
-    text = exported.exposition()[0].decode()
-    assert f"cozystack_gpu_hook_memory_budget_bytes {float(1792 * MIB):.9e}" in text
+    create_app(settings, metrics=exported)
+    [line] = [
+        line
+        for line in exported.exposition()[0].decode().splitlines()
+        if line.startswith("cozystack_gpu_hook_memory_budget_bytes ")
+    ]
+    return float(line.split()[1])
+
+
+def test_settings_give_the_budget_to_the_app_less_the_admission_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Derived from the limit: the limit less the process's reserve, less what the admission
+    port holds apart (`GPUCLASS_ADMISSION_MEMORY_BYTES`); a budget set is the hooks' whole."""
+    monkeypatch.setenv("GPUCLASS_MEMORY_LIMIT_BYTES", str(2048 * MIB))
+    assert exported_budget(Settings()) == (1792 - 32) * MIB
+    monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", str(1000 * MIB))
+    assert exported_budget(Settings()) == 1000 * MIB
     monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", "0")
     exported = Metrics(180.0)
     create_app(Settings(), metrics=exported)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import selectors
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.serving.app import create_app, stale_after_seconds
 from hooks.serving.credentials import CredentialWatch, Watched
+from hooks.serving.edge import Allowance, Edge
 from hooks.serving.listeners import metrics_routes
-from hooks.serving.metrics import Metrics
+from hooks.serving.metrics import Metrics, listen_overflows
 from hooks.settings import Settings
 from tests import ROOT
 from tests.builders import (
@@ -83,6 +86,18 @@ def cluster_request(
         ],
         pods=[pod("a", node_name="gpu-1", gpus=1), pod("b", node_name="gpu-2", gpus=2)],
         classes=classes,
+    )
+
+
+def quiet_edge() -> Edge:
+    """An edge with no connection."""
+    return Edge(
+        selectors.DefaultSelector(),
+        lambda connection, head, rest: None,
+        head_seconds=1,
+        idle_seconds=1,
+        max_connections=1,
+        held_bytes_limit=1,
     )
 
 
@@ -294,7 +309,8 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
     metrics.memory_wait.observe(0.2)
     metrics.kubevirt_reads.labels(outcome="found").inc()
     metrics.apart_calls.labels(outcome="answered").inc()
-    metrics.watch_connections("hooks", lambda: {"idle": 1})
+    metrics.watch_connections("hooks", quiet_edge())
+    metrics.watch_admission_memory(Allowance(1024))
     metrics.watch_tls("hooks", lambda: 2e9)
     metrics.watch_client_certificates(lambda: 2e9)
     metrics.watch_credentials(CredentialWatch([Watched("token", "/tokens", lambda: None)]))
@@ -360,3 +376,18 @@ def test_no_client_certificate_series_unless_client_certificates_are_required() 
     assert name not in metrics.exposition()[0].decode()
     metrics.watch_client_certificates(lambda: 2e9)
     assert f"{name} 2e+09" in metrics.exposition()[0].decode()
+
+
+def test_the_kernels_listen_overflows_are_read_from_netstat(tmp_path: Path) -> None:
+    """TcpExt's ListenOverflows, by its column name (the kernel adds columns over releases)."""
+    netstat = tmp_path / "netstat"
+    netstat.write_text(
+        "TcpExt: SyncookiesSent ListenOverflows ListenDrops\n"
+        "TcpExt: 0 17 19\n"
+        "IpExt: InNoRoutes\n"
+        "IpExt: 3\n"
+    )
+    assert listen_overflows(netstat) == 17
+    assert listen_overflows(tmp_path / "absent") is None
+    netstat.write_text("IpExt: InNoRoutes\nIpExt: 3\n")
+    assert listen_overflows(netstat) is None

@@ -1,0 +1,119 @@
+"""The admission port of the real server: reviews served apart from the hooks, on threads and
+memory of their own, their bodies read by the event loop before a thread is spent."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import trustme
+
+from tests import EXAMPLES
+from tests.fake_apiserver import FakeApiServer
+from tests.live import LiveServer, live_server
+
+# Starts the real server (gunicorn) in a process of its own.
+
+TOKEN = "s3cr3t-t0ken"
+REVIEW = (EXAMPLES / "admit-gpu-budget.json").read_bytes()
+
+
+@pytest.fixture
+def served(tmp_path: Path, apiserver: FakeApiServer) -> tuple[LiveServer, str]:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    paths = {name: tmp_path / name for name in ("ca.crt", "tls.crt", "tls.key", "token")}
+    ca.cert_pem.write_to_path(str(paths["ca.crt"]))
+    leaf.cert_chain_pems[0].write_to_path(str(paths["tls.crt"]))
+    leaf.private_key_pem.write_to_path(str(paths["tls.key"]))
+    paths["token"].write_text(TOKEN)
+    env = {
+        "GPUCLASS_TLS_CERT_FILE": str(paths["tls.crt"]),
+        "GPUCLASS_TLS_KEY_FILE": str(paths["tls.key"]),
+        "GPUCLASS_AUTH_TOKEN_FILE": str(paths["token"]),
+        "GPUCLASS_KUBE_API": apiserver.url,
+        "GPUCLASS_ADMISSION_MEMORY_BYTES": str(4 * 1024 * 1024),
+    }
+    with live_server(env, tmp_path, scheme="https") as server:
+        yield server, str(paths["ca.crt"])
+
+
+def test_reviews_are_answered_on_the_admission_port_and_kept_alive(
+    served: tuple[LiveServer, str],
+) -> None:
+    server, ca = served
+    with requests.Session() as session:
+        for _ in range(3):
+            response = session.post(
+                f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
+            )
+            assert response.status_code == 200
+            assert response.json()["response"]["uid"]
+    scraped = requests.get(f"{server.metrics}/metrics", verify=ca, timeout=10).text
+    assert 'cozystack_gpu_hook_requests_total{code="200",route="/admit/gpu-budget"} 3.0' in scraped
+
+
+def test_the_hook_port_refuses_reviews_and_the_admission_port_refuses_hooks(
+    served: tuple[LiveServer, str],
+) -> None:
+    server, ca = served
+    on_hooks = requests.post(f"{server.url}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10)
+    assert on_hooks.status_code == 404
+    assert "admission port" in on_hooks.json()["error"]
+    on_admission = requests.post(
+        f"{server.admission}/status/sync",
+        data=b"{}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        verify=ca,
+        timeout=10,
+    )
+    assert on_admission.status_code == 404
+    assert "hook port" in on_admission.json()["error"]
+
+
+def tls_connection(port: int, ca: str) -> ssl.SSLSocket:
+    context = ssl.create_default_context(cafile=ca)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    return context.wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+def test_a_declared_length_holds_no_memory_until_its_bytes_arrive(
+    served: tuple[LiveServer, str],
+) -> None:
+    """Heads declaring the admission limit, with no body: more of them than the port's share
+    could hold if it reserved what they declare; a review sent beside them is answered."""
+    server, ca = served
+    port = int(server.admission.rsplit(":", 1)[1])
+    head = (
+        "POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {7 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    stalled = []
+    try:
+        for _ in range(8):  # 56 MiB declared against a 4 MiB share
+            connection = tls_connection(port, ca)
+            connection.sendall(head)
+            stalled.append(connection)
+        time.sleep(0.5)
+        response = requests.post(
+            f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
+        )
+        assert response.status_code == 200
+        scraped = requests.get(f"{server.metrics}/metrics", verify=ca, timeout=10).text
+        held = [
+            line
+            for line in scraped.splitlines()
+            if line.startswith("cozystack_gpu_hook_admission_memory_held_bytes ")
+        ]
+        assert float(held[0].split()[1]) <= 8 * 16 * 1024 + len(REVIEW)
+        assert (
+            'cozystack_gpu_hook_connections{listener="admission",state="reading_body"} 8.0'
+            in scraped
+        )
+    finally:
+        for connection in stalled:
+            connection.close()
