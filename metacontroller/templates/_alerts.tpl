@@ -157,6 +157,15 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: {{ `The {{ $labels.listener }} port drops more than ten connections a minute ({{ $labels.reason }})` | quote }}
       description: "Connections close before they complete their TLS handshake and headers within the head deadline, or past the cap on open connections. Callers on the cluster network send a head in milliseconds: this is a client holding connections on purpose, or a broken one. Hook calls keep their threads meanwhile."
       runbook_url: {{ printf "%s#gpuclasshookconnectionsdropped" $runbooks | quote }}
+  - alert: GPUClassHookListenOverflows
+    expr: sum by (namespace, pod) (rate(cozystack_gpu_hook_listen_overflows_total[10m])) * 60 > 1
+    for: 10m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `The kernel refuses connections to hook pod {{ $labels.pod }}: its listen queues overflow` | quote }}
+      description: "More than one connection a minute found a listen queue of the pod full and was refused by the kernel, before the service could see or count it: callers (Metacontroller, the API server's reviews) get connection errors. Connections arrive faster than the event loops accept them: a flood of connections, or loops kept busy."
+      runbook_url: {{ printf "%s#gpuclasshooklistenoverflows" $runbooks | quote }}
   - alert: GPUClassHookCertificateExpiresSoon
     expr: min by (listener) (cozystack_gpu_hook_certificate_expiry_timestamp_seconds) - time() < 14 * 86400
     for: 1h

@@ -274,6 +274,15 @@ CASES = [
         summary="The hooks port drops more than ten connections a minute (head_deadline)",
     ),
     Case(
+        "GPUClassHookListenOverflows",
+        firing=[('cozystack_gpu_hook_listen_overflows_total{pod="p", namespace="n"}', "0+30x40")],
+        quiet=[('cozystack_gpu_hook_listen_overflows_total{pod="p", namespace="n"}', "0+0.5x40")],
+        quiet_until="9m",
+        fires_at="17m",
+        labels={"pod": "p", "namespace": "n"},
+        summary="The kernel refuses connections to hook pod p: its listen queues overflow",
+    ),
+    Case(
         "GPUClassHookCertificateExpiresSoon",
         # promtool's clock starts at 0: a certificate ending at day 13 against one at day 60
         firing=[(expiry("hooks"), f"{13 * 86400}x120")],

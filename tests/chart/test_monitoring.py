@@ -225,6 +225,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
     names = {r["alert"] for r in rules()}
     assert names == {
         "GPUClassHookConnectionsDropped",
+        "GPUClassHookListenOverflows",
         "GPUClassHookCertificateExpiresSoon",
         "GPUClassHookClientCertificateExpiresSoon",
         "GPUClassHookTLSHandshakeFailures",
