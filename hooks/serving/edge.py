@@ -52,9 +52,10 @@ CLOSE_LINGER_SECONDS = 2.0
 CLOSE_DRAIN_BYTES = 64 * 1024
 # The longest the loop sleeps: how late a deadline can be enforced.
 TICK_SECONDS = 1.0
-# What a connection outside a call holds besides the bytes of its head: its TLS state and read
-# buffers (docs/scale.md has the measurement behind it).
-CONNECTION_BYTES = 16 * 1024
+# What a connection outside a call holds besides the bytes of its head: its socket and records,
+# and, once it sends on a TLS port, its TLS state and buffers (docs/scale.md has the measurement).
+SOCKET_BYTES = 2 * 1024
+TLS_BYTES = 16 * 1024
 # How much one read of a body takes (a body read by the loop: `Edge.read_body`).
 BODY_READ_BYTES = 256 * 1024
 
@@ -452,7 +453,7 @@ class Edge:
             else:
                 self._handshaking += 1
             self._arriving[connection] = None
-            if not self._hold(connection, CONNECTION_BYTES):
+            if not self._hold(connection, SOCKET_BYTES):
                 continue
             # Wrapped for TLS only once it sends: a connection that never does costs no TLS state.
             self._watch(connection, EVENT_READ)
@@ -487,7 +488,7 @@ class Edge:
         connection.state = State.READING_BODY
         connection.deadline = deadline
         self._bodies[connection] = None
-        if not self._take_for_body(connection, CONNECTION_BYTES + min(len(rest), length)):
+        if not self._take_for_body(connection, _base_bytes(connection) + min(len(rest), length)):
             return
         read.data += rest[:length]
         connection.pending = rest[length:]
@@ -509,13 +510,13 @@ class Edge:
         pending = isinstance(connection.sock, ssl.SSLSocket) and connection.sock.pending() > 0
         if buffered or pending:
             self._begin_head(connection)
-            if self._hold(connection, CONNECTION_BYTES + len(buffered)):
+            if self._hold(connection, _base_bytes(connection) + len(buffered)):
                 self._advance(connection)
             return
         connection.state = State.IDLE
         connection.deadline = self._clock() + self._idle_seconds
         self._idle[connection] = None
-        if self._hold(connection, CONNECTION_BYTES):
+        if self._hold(connection, _base_bytes(connection)):
             self._watch(connection, EVENT_READ)
 
     def respond(self, connection: Connection, data: bytes) -> None:
@@ -609,6 +610,9 @@ class Edge:
         """Drive the handshake, then the head, as far as the socket allows."""
         try:
             if connection.state is State.HANDSHAKING:
+                wrapped = isinstance(connection.sock, ssl.SSLSocket)
+                if not wrapped and not self._hold(connection, TLS_BYTES):
+                    return
                 self._handshake(connection)
             head_end = connection.head.find(b"\r\n\r\n")
             while head_end < 0:
@@ -830,6 +834,11 @@ class Edge:
         self._leave(connection)
         connection.body = None
         _close(connection.sock)
+
+
+def _base_bytes(connection: Connection) -> int:
+    """What a connection holds besides the bytes it received."""
+    return SOCKET_BYTES + (TLS_BYTES if isinstance(connection.sock, ssl.SSLSocket) else 0)
 
 
 def _close(sock: socket.socket) -> None:

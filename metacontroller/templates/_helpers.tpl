@@ -146,8 +146,11 @@ refused: *the-chart-refuses-these-values-see-the-Fail-line-above
 {{- define "gpuclass-hooks.validate" -}}
 {{- /* `helm upgrade --reuse-values` from an earlier version of the chart renders with that
        version's values: what this one added is missing, and would render as empty. */}}
-{{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" }}
-{{- if not (hasKey $.Values $key) }}
+{{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" "serve.admissionPort" "networkPolicy.admissionNamespaces" }}
+{{- $parent := $.Values }}
+{{- $path := splitList "." $key }}
+{{- range $part := initial $path }}{{ $parent = index $parent $part | default dict }}{{ end }}
+{{- if not (hasKey $parent (last $path)) }}
 {{- include "gpuclass-hooks.refuse" (printf "values of an earlier version of this chart (no %s): upgrade to a new chart version with helm upgrade --reset-then-reuse-values (Helm 3.14+), which keeps your values and takes this chart's defaults for what it adds; --reuse-values keeps only the old ones" $key) }}
 {{- end }}
 {{- end }}

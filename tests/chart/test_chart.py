@@ -98,7 +98,16 @@ def test_the_built_helm_renders_the_chart_without_a_kube_version() -> None:
     assert version.stdout.startswith("v3."), version.stdout
 
 
-@pytest.mark.parametrize("added", ["networkPolicy", "logLevel", "topologySpreadConstraints"])
+@pytest.mark.parametrize(
+    "added",
+    [
+        "networkPolicy",
+        "logLevel",
+        "topologySpreadConstraints",
+        "serve.admissionPort",
+        "networkPolicy.admissionNamespaces",
+    ],
+)
 def test_values_of_an_earlier_chart_version_are_refused_naming_the_upgrade_flag(added: str) -> None:
     """`helm upgrade --reuse-values` from an earlier version renders with that version's values,
     which lack what this one added: refused, not rendered empty (an empty log level stops the

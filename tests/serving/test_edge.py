@@ -483,7 +483,7 @@ def test_past_the_bound_on_held_bytes_the_oldest_unfinished_head_goes_never_a_ca
     """Heads and idle connections are bounded as a whole: each counts its buffers and the bytes
     of its head; past the bound the oldest unfinished head goes first, then the oldest idle one,
     never a call in progress."""
-    running = Loop(max_connections=100, held_bytes_limit=3 * edge.CONNECTION_BYTES + 1000)
+    running = Loop(max_connections=100, held_bytes_limit=3 * edge.SOCKET_BYTES + 1000)
     try:
         in_call = running.connect()
         in_call.sendall(b"POST / HTTP/1.1\r\n\r\n")
@@ -492,7 +492,7 @@ def test_past_the_bound_on_held_bytes_the_oldest_unfinished_head_goes_never_a_ca
         idle = running.connect()
         running.called(idle)
         first, second = running.connect(), running.connect()
-        assert running.edge.held_bytes == 3 * edge.CONNECTION_BYTES  # the call holds none
+        assert running.edge.held_bytes == 3 * edge.SOCKET_BYTES  # the call holds none
         second.sendall(b"POST / HTTP/1.1\r\nX: " + b"a" * 900)
         running.turn()
         assert running.drops == []
@@ -519,7 +519,7 @@ def test_past_the_bound_on_held_bytes_the_oldest_unfinished_head_goes_never_a_ca
         assert running.drops[-1] == "over_memory" and running.edge.counts()["idle"] == 3
         running.edge.resume(connection, b"")  # back idle, over the bound: the oldest idle goes
         assert idle[0].recv(1) == b"" and running.edge.counts()["idle"] == 3
-        assert running.edge.held_bytes <= 3 * edge.CONNECTION_BYTES + 1000
+        assert running.edge.held_bytes <= 3 * edge.SOCKET_BYTES + 1000
     finally:
         running.close()
 
@@ -565,6 +565,7 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
     try:
         raw = running.connect()
         assert running.edge.counts()["handshaking"] == 1
+        assert running.edge.held_bytes == edge.SOCKET_BYTES  # no TLS state until it sends
         # one state at a time: the states add up to what is open
         assert running.edge.counts()["reading_headers"] == 0
         client = ssl.create_default_context()
@@ -574,6 +575,7 @@ def test_a_tls_edge_counts_a_connection_as_handshaking_until_its_handshake_is_do
         handshaken(running, tls)
         assert running.edge.counts()["handshaking"] == 0
         assert running.edge.counts()["reading_headers"] == 1
+        assert running.edge.held_bytes == edge.SOCKET_BYTES + edge.TLS_BYTES
         tls.setblocking(True)
         tls.sendall(b"POST / HTTP/1.1\r\n\r\n")
         running.turn()
@@ -734,12 +736,12 @@ def test_a_body_is_read_by_the_loop_and_handed_over_whole_with_its_memory(loop: 
     loop.turn()
     bodies.read(loop, 10)
     assert loop.edge.counts()["reading_body"] == 1
-    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 4
+    assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 4
     client.sendall(b"456789")
     loop.turn()
     [(connection, body, release)] = bodies.received
     assert body == b"0123456789" and loop.edge.counts()["in_call"] == 1
-    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 10  # held until released
+    assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 10  # held until released
     release()
     release()  # once, however often
     assert bodies.allowance.used_bytes == 0
@@ -752,10 +754,10 @@ def test_a_declared_length_takes_nothing_until_its_bytes_arrive(loop: Loop) -> N
     loop.turn()
     bodies.read(loop, 7 * 1024 * 1024)
     loop.turn()
-    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES
+    assert bodies.allowance.used_bytes == edge.SOCKET_BYTES
     client.sendall(b"x" * 1000)
     loop.turn()
-    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 1000
+    assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 1000
 
 
 def test_a_body_not_whole_by_its_deadline_is_408_and_gives_its_memory_back(loop: Loop) -> None:
@@ -785,7 +787,7 @@ def test_a_peer_gone_mid_body_is_counted_and_gives_its_memory_back(loop: Loop) -
 
 
 def test_when_the_allowance_is_used_up_the_oldest_body_still_arriving_goes(loop: Loop) -> None:
-    bodies = Bodies(3 * edge.CONNECTION_BYTES)
+    bodies = Bodies(3 * edge.SOCKET_BYTES)
     clients = []
     for _ in range(2):
         client = loop.connect()
@@ -793,14 +795,14 @@ def test_when_the_allowance_is_used_up_the_oldest_body_still_arriving_goes(loop:
         loop.turn()
         bodies.read(loop, 100000)
         clients.append(client)
-    clients[1].sendall(b"y" * (edge.CONNECTION_BYTES + 1))  # past the allowance: the oldest goes
+    clients[1].sendall(b"y" * (edge.SOCKET_BYTES + 1))  # past the allowance: the oldest goes
     loop.turn()
     assert loop.drops == ["over_memory"] and clients[0].recv(1) == b""
-    assert bodies.allowance.used_bytes == 2 * edge.CONNECTION_BYTES + 1
+    assert bodies.allowance.used_bytes == 2 * edge.SOCKET_BYTES + 1
 
 
 def test_a_body_that_fits_only_without_the_calls_being_judged_is_429(loop: Loop) -> None:
-    bodies = Bodies(2 * edge.CONNECTION_BYTES + 100)
+    bodies = Bodies(2 * edge.SOCKET_BYTES + 100)
     judged = loop.connect()
     judged.sendall(b"POST /admit HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b"j" * 100)
     loop.turn()
@@ -813,7 +815,7 @@ def test_a_body_that_fits_only_without_the_calls_being_judged_is_429(loop: Loop)
     loop.turn()
     answer = late.recv(256)
     assert answer.startswith(b"HTTP/1.1 429 ") and b"Retry-After: 1" in answer
-    assert bodies.allowance.used_bytes == edge.CONNECTION_BYTES + 100
+    assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 100
 
 
 def test_an_answer_sent_by_the_loop_keeps_the_connection_for_its_next_request(loop: Loop) -> None:
