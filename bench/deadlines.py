@@ -185,7 +185,8 @@ def slow_api() -> int:
             phase = Phase(label)
             with ThreadPoolExecutor(2 * CALLS_PER_PHASE) as pool:
                 reviews = [
-                    pool.submit(review_call, server.admission, verify) for _ in range(CALLS_PER_PHASE)
+                    pool.submit(review_call, server.admission, verify)
+                    for _ in range(CALLS_PER_PHASE)
                 ]
                 syncs = [pool.submit(sync_call, server.url, verify) for _ in range(CALLS_PER_PHASE)]
                 phase.reviews = [f.result() for f in reviews]

@@ -2,16 +2,26 @@
 
     python -m bench.load --hostile-clients   # make bench-load ARGS=--hostile-clients
 
-The service runs as the chart runs it (TLS and the bearer token on, 64 threads). In one run this
-reports, first unloaded, then while these connect to the hook port, none with the token:
-- trickling heads: TLS done, then the request line one byte every 3 s;
-- stalled handshakes: half a TLS ClientHello, then nothing;
-- an idle flood: TCP connections that send nothing, reopened as the service closes them;
-- bodiless admission reviews that declare 1 GB;
-the p99 of authenticated customize and license calls (the bodies in examples/, each on a new
-connection), of /healthz and /readyz, every failed call, how long each connection that never
-finished its head stayed open (against the head deadline plus 1 s), the 1 GB declarations'
-answers, and the service's memory against its idle memory.
+The service runs as the chart runs it (TLS and the bearer token on, 64 threads, a 2 GiB memory
+limit). In one run this reports, first unloaded, then while all of these are open at once, none
+with the token:
+- on the hook port: trickling heads (TLS done, then the request line one byte every 3 s);
+  stalled handshakes (half a TLS ClientHello, then nothing); an idle flood (TCP connections that
+  send nothing); 64 KiB heads by the thousand (TLS done, then 64 KiB of a head that never ends);
+  connect-and-close churn (plain TCP, as fast as one client thread goes);
+- on the admission port: stalled bodies (a whole head declaring 1,204 bytes, then 100 of them and
+  nothing more); 7 MiB heads (a whole head declaring the admission limit, then nothing); bodiless
+  reviews declaring 1 GB;
+every shape reopened as the service closes it. Measured: the p99 of authenticated customize,
+license and S-sized (11.9 MB) status sync calls (each on a new connection), of /healthz and
+/readyz, every failed call, how long each connection that never finished its head stayed open
+(against the head deadline plus 1 s), the 1 GB declarations' answers, the most the admission port
+held for anonymous callers against what their received bytes need, and the service's memory
+against its idle memory.
+
+Then, in the same run, a service whose stderr is a pipe nobody reads for 60 s (a stalled log
+pipeline) while the same calls, and refused ones that log too, go on: every call must be answered,
+and the lines dropped counted, then said once the pipe is read again.
 """
 
 from __future__ import annotations
@@ -28,16 +38,23 @@ from pathlib import Path
 
 import requests
 
+from bench.cluster import generate, status_sync_body
 from bench.deadlines import TOKEN, tls_settings
 from bench.run import serve
+from hooks.serving.edge import SOCKET_BYTES, TLS_BYTES
 
 HEAD_SECONDS = 10.0
 TRICKLING, STALLED, IDLE = 100, 200, 2000
-ATTACK_SECONDS = 30.0
+FULL_HEADS, STALLED_BODIES, HUGE_HEADS = 2300, 80, 60
+FULL_HEAD_BYTES = 64 * 1024 - 100
+STALLED_BODY_SENT = 100
+ATTACK_SECONDS = 40.0
+UNREAD_STDERR_SECONDS = 60.0
 ROOT = Path(__file__).resolve().parent.parent
 BODIES = {
     "/status/customize": (ROOT / "examples" / "status-customize.json").read_bytes(),
     "/license/sync": (ROOT / "examples" / "license-sync.json").read_bytes(),
+    "/status/sync": status_sync_body(generate("S")),
 }
 
 
@@ -71,8 +88,11 @@ class Attack:
     """Every hostile shape, kept at its count until `stop`, on a selector of its own that notes
     when the service closes each connection."""
 
-    def __init__(self, port: int, client: ssl.SSLContext, lifetimes: Lifetimes) -> None:
+    def __init__(
+        self, port: int, admission_port: int, client: ssl.SSLContext, lifetimes: Lifetimes
+    ) -> None:
         self.port = port
+        self.admission_port = admission_port
         self.client = client
         self.lifetimes = lifetimes
         self.stopping = threading.Event()
@@ -86,8 +106,17 @@ class Attack:
             threading.Thread(target=self._keep_open, daemon=True),
             threading.Thread(target=self._trickle, daemon=True),
             threading.Thread(target=self._declare_huge_bodies, daemon=True),
+            threading.Thread(target=self._keep_tls_open, daemon=True),
+            threading.Thread(target=self._churn, daemon=True),
         ]
-        self.counts = {"stalled handshake": 0, "idle": 0}
+        self.counts = {
+            "stalled handshake": 0,
+            "idle": 0,
+            "64 KiB head": 0,
+            "stalled admission body": 0,
+            "7 MiB admission head": 0,
+        }
+        self.churned = 0
 
     def start(self) -> None:
         for thread in self.threads:
@@ -108,6 +137,53 @@ class Attack:
         with self.lock:
             self.counts[shape] += 1
             self.selector.register(sock, selectors.EVENT_READ, (shape, time.monotonic()))
+
+    def _open_tls(self, shape: str) -> None:
+        """A TLS connection that sends its shape's bytes, then waits to be closed."""
+        port = self.port if shape == "64 KiB head" else self.admission_port
+        raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        tls = self.client.wrap_socket(raw, server_hostname="127.0.0.1")
+        if shape == "64 KiB head":
+            tls.sendall(b"POST /status/customize HTTP/1.1\r\nX: " + b"a" * FULL_HEAD_BYTES)
+        else:
+            declared = 1204 if shape == "stalled admission body" else 7 * 1024 * 1024
+            tls.sendall(
+                "POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {declared}\r\n\r\n".encode()
+            )
+            if shape == "stalled admission body":
+                tls.sendall(b"{" * STALLED_BODY_SENT)
+        tls.setblocking(False)
+        with self.lock:
+            self.counts[shape] += 1
+            self.selector.register(tls, selectors.EVENT_READ, (shape, time.monotonic()))
+
+    def _keep_tls_open(self) -> None:
+        targets = {
+            "stalled admission body": STALLED_BODIES,
+            "7 MiB admission head": HUGE_HEADS,
+            "64 KiB head": FULL_HEADS,
+        }
+        while not self.stopping.is_set():
+            opened = False
+            for shape, target in targets.items():
+                while self.counts[shape] < target and not self.stopping.is_set():
+                    try:
+                        self._open_tls(shape)
+                    except OSError:
+                        break
+                    opened = True
+            if not opened:
+                time.sleep(0.05)
+
+    def _churn(self) -> None:
+        """Plain TCP connect and close, back to back."""
+        while not self.stopping.is_set():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=5).close()
+                self.churned += 1
+            except OSError:
+                time.sleep(0.01)
 
     def _keep_open(self) -> None:
         while not self.stopping.is_set():
@@ -130,11 +206,11 @@ class Attack:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 try:
                     data = sock.recv(4096)
-                except BlockingIOError:
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     continue
                 except OSError:
                     data = b""
-                if data:
+                if data or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
                     continue
                 shape, opened_at = key.data
                 self.lifetimes.add(shape, time.monotonic() - opened_at)
@@ -195,7 +271,7 @@ class Attack:
         while not self.stopping.wait(0.2):
             started = time.perf_counter()
             try:
-                raw = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+                raw = socket.create_connection(("127.0.0.1", self.admission_port), timeout=10)
                 with self.client.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
                     tls.sendall(head)
                     answer = tls.recv(64)
@@ -218,7 +294,7 @@ def timed_calls(
             started = time.perf_counter()
             try:
                 code = requests.post(
-                    f"{url}{route}", data=body, headers=headers, verify=ca, timeout=5
+                    f"{url}{route}", data=body, headers=headers, verify=ca, timeout=30
                 ).status_code
             except requests.RequestException as error:
                 code = 0
@@ -237,42 +313,142 @@ def timed_calls(
     return calls, probes
 
 
+def gauge(scrape: str, name: str) -> float:
+    for line in scrape.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+class Scrapes:
+    """The metrics, scraped every second while the attack runs: the most the admission port
+    held for its reviews, and the hooks' memory budget reserved."""
+
+    def __init__(self, url: str, ca: str) -> None:
+        self.url, self.ca = url, ca
+        self.admission_held = 0.0
+        self.hooks_reserved = 0.0
+        self.last = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scrapes:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                text = requests.get(f"{self.url}/metrics", verify=self.ca, timeout=5).text
+            except requests.RequestException:
+                continue
+            self.last = text
+            held = gauge(text, "cozystack_gpu_hook_admission_memory_held_bytes")
+            self.admission_held = max(self.admission_held, held)
+            reserved = gauge(text, "cozystack_gpu_hook_memory_reserved_bytes")
+            self.hooks_reserved = max(self.hooks_reserved, reserved)
+
+
+def unread_stderr(api: str) -> list[tuple[str, bool, str]]:
+    """Calls while nobody reads the service's stderr; the checks on what followed."""
+    with (
+        tls_settings() as (settings, verify),
+        serve(api, threads=64, settings=settings, log_pipe=True) as server,
+    ):
+        assert server.master.stdout is not None
+        stop = threading.Event()
+        refused: list[int] = []
+
+        def refuse() -> None:  # each refusal is a log line too
+            while not stop.is_set():
+                with suppress(requests.RequestException):
+                    answer = requests.post(f"{server.url}/status/sync", verify=verify, timeout=5)
+                    refused.append(answer.status_code)
+
+        refusing = threading.Thread(target=refuse, daemon=True)
+        refusing.start()
+        failures: list[str] = []
+        calls, probes = timed_calls(
+            server.url, server.health, verify, time.monotonic() + UNREAD_STDERR_SECONDS, failures
+        )
+        stop.set()
+        refusing.join(10)
+        scrape = requests.get(f"{server.metrics}/metrics", verify=verify, timeout=10).text
+        dropped = gauge(scrape, "cozystack_gpu_log_lines_dropped_total")
+        said: list[bytes] = []
+        reader = threading.Thread(target=lambda: said.extend(server.master.stdout), daemon=True)
+        reader.start()  # the pipeline reads again
+        requests.post(f"{server.url}/status/sync", verify=verify, timeout=5)
+        time.sleep(2)
+        told = any(b'"log lines dropped"' in line for line in said)
+    answered = sum(len(values) for values in calls.values())
+    print(
+        f"[unread stderr] {UNREAD_STDERR_SECONDS:g} s with stderr unread: {answered} "
+        f"authenticated calls, {len(refused)} refused ones, {len(probes)} probes; "
+        f"{dropped:.0f} lines dropped; said once read again: {told}"
+    )
+    return [
+        ("with stderr unread, no failed call", not failures, f"{failures[:5]}"),
+        ("the dropped lines counted", dropped > 0, f"{dropped:.0f}"),
+        ("the dropped lines said once stderr is read", told, f"{told}"),
+    ]
+
+
 def hostile_clients(api: str) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
-    with tls_settings(GPUCLASS_HEADER_TIMEOUT_SECONDS=str(HEAD_SECONDS)) as (settings, verify):
+    limits = {
+        "GPUCLASS_HEADER_TIMEOUT_SECONDS": str(HEAD_SECONDS),
+        "GPUCLASS_MEMORY_LIMIT_BYTES": str(2 * 1024**3),
+    }
+    with tls_settings(**limits) as (settings, verify):
         client = ssl.create_default_context(cafile=verify)
         with serve(api, threads=64, settings=settings) as server:
             baseline_failures: list[str] = []
             time.sleep(1)
             idle_mb = server.memory_mb()
             calls_unloaded, probes_unloaded = timed_calls(
-                server.url, server.health, verify, time.monotonic() + 10, baseline_failures
+                server.url, server.health, verify, time.monotonic() + 15, baseline_failures
             )
             lifetimes = Lifetimes()
-            attack = Attack(int(server.url.rsplit(":", 1)[1]), client, lifetimes)
+            port = int(server.url.rsplit(":", 1)[1])
+            attack = Attack(port, int(server.admission.rsplit(":", 1)[1]), client, lifetimes)
             attack.start()
             failures: list[str] = []
-            with server.peak_memory(every_seconds=0.2) as peak:
-                time.sleep(3)  # every shape at its count
+            with (
+                server.peak_memory(every_seconds=0.2) as peak,
+                Scrapes(server.metrics, verify) as scrapes,
+            ):
+                time.sleep(10)  # every shape at its count
                 open_at_start = dict(attack.counts)
+                churned = attack.churned
+                started = time.monotonic()
                 calls, probes = timed_calls(
                     server.url, server.health, verify, time.monotonic() + ATTACK_SECONDS, failures
                 )
-            scrape = requests.get(f"{server.metrics}/metrics", verify=verify, timeout=10).text
+                churn_rate = (attack.churned - churned) / (time.monotonic() - started)
+            scrape = scrapes.last
             attack.stop()
+    shown = ("cozystack_gpu_hook_connections", "cozystack_gpu_hook_listen_overflows")
     dropped = [
-        line for line in scrape.splitlines() if line.startswith("cozystack_gpu_hook_connections")
-        and 'listener="hooks"' in line and not line.endswith(" 0.0") and "_created" not in line
+        line for line in scrape.splitlines()
+        if line.startswith(shown) and not line.endswith(" 0.0") and "_created" not in line
     ]  # fmt: skip
     print(
-        f"[hostile clients] {TRICKLING} trickling heads, {STALLED} stalled handshakes, {IDLE} "
-        "idle connections (reopened as they close), 1 GB admission declarations every 0.2 s; "
-        f"none with the token; TLS and the token on; head deadline {HEAD_SECONDS:g} s; "
-        f"{ATTACK_SECONDS:g} s under attack"
+        f"[hostile clients] hook port: {TRICKLING} trickling heads, {STALLED} stalled "
+        f"handshakes, {IDLE} idle connections, {FULL_HEADS} 64 KiB heads, connect-and-close "
+        f"churn; admission port: {STALLED_BODIES} stalled bodies, {HUGE_HEADS} 7 MiB heads, 1 GB "
+        "declarations every 0.2 s; every shape reopened as it closes; none with the token; TLS "
+        f"and the token on; head deadline {HEAD_SECONDS:g} s; {ATTACK_SECONDS:g} s measured"
     )
-    print(f"  open when the measurement began: {open_at_start}")
+    print(f"  open when the measurement began: {open_at_start}; churn {churn_rate:.0f}/s")
+    slowdowns = {}
     for route in BODIES:
+        slowdowns[route] = p99(calls[route]) - p99(calls_unloaded[route])
         print(
             f"  {route}: p99 {p99(calls[route]):.1f} ms (unloaded {p99(calls_unloaded[route]):.1f}"
             f" ms), {len(calls[route])} calls"
@@ -290,11 +466,22 @@ def hostile_clients(api: str) -> int:
         f"  1 GB admission declarations: {len(attack.admission_codes)}, answered {codes}, p99 "
         f"{p99(attack.admission_ms):.1f} ms"
     )
+    # What the anonymous callers' received bytes need: each connection's socket and TLS state,
+    # and the bytes of body each sent.
+    needed = STALLED_BODIES * (SOCKET_BYTES + TLS_BYTES + STALLED_BODY_SENT) + HUGE_HEADS * (
+        SOCKET_BYTES + TLS_BYTES
+    )
+    print(
+        f"  admission port held at most {scrapes.admission_held / 1024:.0f} KiB for anonymous "
+        f"reviews (their received bytes need {needed / 1024:.0f} KiB); the hooks' budget "
+        f"reserved at most {scrapes.hooks_reserved / 1024**2:.0f} MiB (authenticated syncs)"
+    )
     print(f"  memory: idle {idle_mb:.0f} MB, peak {peak.mb:.0f} MB")
     print("  " + "\n  ".join(dropped))
-    all_calls = [ms for values in calls.values() for ms in values]
     checks = [
-        ("authenticated calls p99 <= 100 ms", p99(all_calls) <= 100, f"{p99(all_calls):.1f} ms"),
+        ("authenticated calls p99 within unloaded p99 + 100 ms",
+         all(slowdown <= 100 for slowdown in slowdowns.values()),
+         ", ".join(f"{route} +{ms:.0f} ms" for route, ms in slowdowns.items())),
         ("probes p99 <= 50 ms", p99(probes) <= 50, f"{p99(probes):.1f} ms"),
         ("no failed call", not failures and not baseline_failures,
          f"{failures[:5]} {baseline_failures[:5]}"),
@@ -302,9 +489,12 @@ def hostile_clients(api: str) -> int:
          bool(longest) and max(longest.values()) <= HEAD_SECONDS + 1, f"{longest}"),
         ("every 1 GB admission declaration answered 413 at once",
          codes == [413], f"{codes}"),
-        ("memory within 100 MB of idle", peak.mb - idle_mb <= 100,
+        ("anonymous reviews held no more than their received bytes need",
+         scrapes.admission_held <= needed, f"{scrapes.admission_held:.0f} <= {needed}"),
+        ("memory within 150 MB of idle", peak.mb - idle_mb <= 150,
          f"{peak.mb - idle_mb:.0f} MB"),
     ]  # fmt: skip
+    checks += unread_stderr(api)
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
     return 0 if all(ok for _, ok, _ in checks) else 1

@@ -213,8 +213,11 @@ class Server:
 
 
 @contextmanager
-def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Iterator[Server]:
-    """`gpuclass-hooks serve` on loopback, with extra GPUCLASS_ settings if given."""
+def serve(
+    api: str, threads: int, settings: dict[str, str] | None = None, *, log_pipe: bool = False
+) -> Iterator[Server]:
+    """`gpuclass-hooks serve` on loopback, with extra GPUCLASS_ settings if given; its output to
+    a file, or with `log_pipe` to a pipe the caller reads (or, to stall it, does not)."""
     with tempfile.TemporaryDirectory() as tmp:
         from tests.live import free_port
 
@@ -243,7 +246,7 @@ def serve(api: str, threads: int, settings: dict[str, str] | None = None) -> Ite
                 f"--admission-port={admission_port}",
             ],
             env=env,
-            stdout=log,
+            stdout=subprocess.PIPE if log_pipe else log,
             stderr=subprocess.STDOUT,
         )
         scheme = "https" if "GPUCLASS_TLS_CERT_FILE" in env else "http"

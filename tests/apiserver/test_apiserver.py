@@ -144,6 +144,19 @@ def installed(kube: ControlPlane, hook_pki: dict[str, Path]) -> list[dict[str, A
     return helm_get("manifest", kube, RELEASE, NAMESPACE)
 
 
+def test_on_a_cluster_without_cert_manager_the_defaults_refuse_naming_what_to_set(
+    kube: ControlPlane,
+) -> None:
+    """Read from the cluster (this API server serves no cert-manager.io/v1), the defaults have no
+    serving certificate: the render refuses and says what to install or set. Only a render that
+    reads no cluster at all assumes cert-manager (tests/chart)."""
+    command = [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    command += ["--dry-run=server", "--kubeconfig", str(kube.kubeconfig)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "install cert-manager" in result.stderr and "tls.existingSecret" in result.stderr
+
+
 def helm_get(what: str, kube: ControlPlane, release: str, namespace: str) -> list[dict[str, Any]]:
     """`helm get manifest|hooks` of a release: the objects as helm rendered them."""
     rendered = subprocess.run(
