@@ -8,7 +8,7 @@ with the token:
 - on the hook port: trickling heads (TLS done, then the request line one byte every 3 s);
   stalled handshakes (half a TLS ClientHello, then nothing); an idle flood (TCP connections that
   send nothing); 64 KiB heads by the thousand (TLS done, then 64 KiB of a head that never ends);
-  connect-and-close churn (plain TCP, as fast as one client thread goes);
+  connect-and-close churn (plain TCP, 1,500 a second);
 - on the admission port: stalled bodies (a whole head declaring 1,204 bytes, then 100 of them and
   nothing more); 7 MiB heads (a whole head declaring the admission limit, then nothing); bodiless
   reviews declaring 1 GB;
@@ -26,6 +26,7 @@ and the lines dropped counted, then said once the pipe is read again.
 
 from __future__ import annotations
 
+import os
 import resource
 import selectors
 import socket
@@ -40,12 +41,13 @@ import requests
 
 from bench.cluster import generate, status_sync_body
 from bench.deadlines import TOKEN, tls_settings
-from bench.run import serve
+from bench.run import Server, process_tree, serve
 from hooks.serving.edge import SOCKET_BYTES, TLS_BYTES
 
 HEAD_SECONDS = 10.0
 TRICKLING, STALLED, IDLE = 100, 200, 2000
 FULL_HEADS, STALLED_BODIES, HUGE_HEADS = 2300, 80, 60
+CHURN_PER_SECOND = 1500
 FULL_HEAD_BYTES = 64 * 1024 - 100
 STALLED_BODY_SENT = 100
 ATTACK_SECONDS = 40.0
@@ -177,8 +179,12 @@ class Attack:
                 time.sleep(0.05)
 
     def _churn(self) -> None:
-        """Plain TCP connect and close, back to back."""
+        """Plain TCP connect and close, CHURN_PER_SECOND of them."""
+        started = time.monotonic()
         while not self.stopping.is_set():
+            ahead = self.churned / CHURN_PER_SECOND - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=5).close()
                 self.churned += 1
@@ -313,6 +319,17 @@ def timed_calls(
     return calls, probes
 
 
+def cpu_seconds(server: Server) -> float:
+    """CPU time of the service's processes (worker, fork server, children), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in process_tree(server.master.pid):
+        with suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
 def gauge(scrape: str, name: str) -> float:
     for line in scrape.splitlines():
         if line.startswith(name + " "):
@@ -398,6 +415,20 @@ def unread_stderr(api: str) -> list[tuple[str, bool, str]]:
     ]
 
 
+def apart_cores(server: Server) -> str:
+    """The service on one core, this benchmark's clients on the others (where there are two or
+    more): a pod's CPU is its own, and its attackers run elsewhere. The unloaded calls run so
+    too, so both sides of the comparison have the same core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return "one core: the service and the clients share it"
+    for pid in process_tree(server.master.pid):
+        with suppress(OSError):
+            os.sched_setaffinity(pid, {cores[-1]})
+    os.sched_setaffinity(0, set(cores[:-1]))
+    return f"the service on core {cores[-1]}, the clients on {cores[:-1]}"
+
+
 def hostile_clients(api: str) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
@@ -408,6 +439,7 @@ def hostile_clients(api: str) -> int:
     with tls_settings(**limits) as (settings, verify):
         client = ssl.create_default_context(cafile=verify)
         with serve(api, threads=64, settings=settings) as server:
+            placement = apart_cores(server)
             baseline_failures: list[str] = []
             time.sleep(1)
             idle_mb = server.memory_mb()
@@ -427,10 +459,13 @@ def hostile_clients(api: str) -> int:
                 open_at_start = dict(attack.counts)
                 churned = attack.churned
                 started = time.monotonic()
+                cpu_before = cpu_seconds(server), resource.getrusage(resource.RUSAGE_SELF)
                 calls, probes = timed_calls(
                     server.url, server.health, verify, time.monotonic() + ATTACK_SECONDS, failures
                 )
-                churn_rate = (attack.churned - churned) / (time.monotonic() - started)
+                took = time.monotonic() - started
+                churn_rate = (attack.churned - churned) / took
+                cpu_after = cpu_seconds(server), resource.getrusage(resource.RUSAGE_SELF)
             scrape = scrapes.last
             attack.stop()
     shown = ("cozystack_gpu_hook_connections", "cozystack_gpu_hook_listen_overflows")
@@ -445,7 +480,17 @@ def hostile_clients(api: str) -> int:
         "declarations every 0.2 s; every shape reopened as it closes; none with the token; TLS "
         f"and the token on; head deadline {HEAD_SECONDS:g} s; {ATTACK_SECONDS:g} s measured"
     )
+    print(f"  {placement}")
     print(f"  open when the measurement began: {open_at_start}; churn {churn_rate:.0f}/s")
+    used = (cpu_after[0] - cpu_before[0]) / took
+    client_used = (
+        sum(
+            getattr(cpu_after[1], field) - getattr(cpu_before[1], field)
+            for field in ("ru_utime", "ru_stime")
+        )
+        / took
+    )
+    print(f"  cores busy: the service {used:.2f}, this benchmark (the clients) {client_used:.2f}")
     slowdowns = {}
     for route in BODIES:
         slowdowns[route] = p99(calls[route]) - p99(calls_unloaded[route])

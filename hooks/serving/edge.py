@@ -610,9 +610,6 @@ class Edge:
         """Drive the handshake, then the head, as far as the socket allows."""
         try:
             if connection.state is State.HANDSHAKING:
-                wrapped = isinstance(connection.sock, ssl.SSLSocket)
-                if not wrapped and not self._hold(connection, TLS_BYTES):
-                    return
                 self._handshake(connection)
             head_end = connection.head.find(b"\r\n\r\n")
             while head_end < 0:
@@ -629,6 +626,8 @@ class Edge:
                 if not self._hold(connection, len(data)):
                     return
                 head_end = connection.head.find(b"\r\n\r\n", searched_from)
+        except _Dropped:
+            return
         except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
             self._watch(connection, EVENT_READ)
             return
@@ -660,10 +659,15 @@ class Edge:
     def _handshake(self, connection: Connection) -> None:
         if not isinstance(connection.sock, ssl.SSLSocket):
             assert self._tls is not None
+            # A peer that connected and closed (connect-and-close churn) costs no TLS state.
+            if connection.sock.recv(1, socket.MSG_PEEK) == b"":
+                raise ConnectionResetError
             # Wrapping takes the descriptor over from the plain socket object: the selector is
             # told about the new object before it is watched again.
             with suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(connection.sock)
+            if not self._hold(connection, TLS_BYTES):
+                raise _Dropped
             connection.sock = self._tls.context(self._verify_clients).wrap_socket(
                 connection.sock, server_side=True, do_handshake_on_connect=False
             )
@@ -777,12 +781,15 @@ class Edge:
     def _hold(self, connection: Connection, count: int) -> bool:
         """Count `count` more bytes held by a connection outside a call; past the bound, drop the
         oldest connections that have not finished their head (this one too, when it is the
-        oldest), then the oldest idle ones. False when `connection` itself was dropped."""
+        oldest), those holding more than a bare socket first (dropping one that sent nothing
+        frees next to nothing, and only makes its client connect again), then the oldest idle
+        ones. False when `connection` itself was dropped."""
         connection.held += count
         self._held += count
         while self._held > self._held_bytes_limit:
-            if self._arriving:
-                oldest = next(iter(self._arriving))
+            holding = (c for c in self._arriving if c.held > SOCKET_BYTES)
+            oldest = next(holding, None) or next(iter(self._arriving), None)
+            if oldest is not None:
                 self.drop(oldest, "over_memory")
             elif self._idle:
                 oldest = next(iter(self._idle))
@@ -834,6 +841,10 @@ class Edge:
         self._leave(connection)
         connection.body = None
         _close(connection.sock)
+
+
+class _Dropped(Exception):
+    """The connection being advanced was dropped (past the bound on held bytes)."""
 
 
 def _base_bytes(connection: Connection) -> int:

@@ -834,3 +834,22 @@ def test_an_answer_sent_by_the_loop_keeps_the_connection_for_its_next_request(lo
     loop.edge.answer(connection, b"HTTP/1.1 200 OK\r\n\r\n", keep_alive=False)
     loop.turn()
     assert client.recv(64) == b"HTTP/1.1 200 OK\r\n\r\n" and client.recv(1) == b""
+
+
+def test_past_the_bound_heads_holding_bytes_go_before_connections_that_sent_nothing() -> None:
+    """Dropping a connection that sent nothing frees a bare socket's worth and makes its client
+    connect again: the oldest head holding bytes goes first."""
+    running = Loop(max_connections=100, held_bytes_limit=3 * edge.SOCKET_BYTES + 1500)
+    try:
+        silent = running.connect()
+        talking = running.connect()
+        talking.sendall(b"POST / HTTP/1.1\r\nX: " + b"a" * 900)
+        running.turn()
+        newer = running.connect()
+        newer.sendall(b"POST / HTTP/1.1\r\nX: " + b"b" * 900)  # over: `talking` goes
+        running.turn()
+        assert running.drops == ["over_memory"] and talking.recv(1) == b""
+        assert running.edge.counts()["reading_headers"] == 2  # `silent`, older, stays
+        del silent
+    finally:
+        running.close()
