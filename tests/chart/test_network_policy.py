@@ -7,9 +7,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
-from tests.chart import API_SERVERS, by_kind, one, render, template
+from tests.chart import API_SERVERS, by_kind, one, render
 
 # Renders the chart with helm (`make tools`).
 

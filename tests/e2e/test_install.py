@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from hooks.controllers.budget_report import REPORT_LABEL
 from hooks.rules.budget.keys import TOTAL_KEY
 from tests.builders import TOKEN_KEY, helmrelease
+from tests.chart import CHART
 from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
 from tests.e2e.steps import (
     COPY,
@@ -65,6 +68,20 @@ def test_install_with_cert_manager_then_helm_test_passes(
         if "ipBlock" in peer
     }
     assert advertised and admitted == advertised
+
+
+def test_the_defaults_rendered_without_a_cluster_are_accepted_by_it(cluster: Cluster) -> None:
+    """What a GitOps pipeline applies: `helm template` of the defaults, which reads nothing of the
+    cluster (cert-manager's Certificates, the admission port open to every address), accepted
+    object by object by this cluster's API server (its schemas, cert-manager's webhook)."""
+    rendered = cluster.helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE).stdout
+    policy = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
+    [admission] = [
+        rule for rule in policy[0]["spec"]["ingress"] if rule["ports"][0]["port"] == "admission"
+    ]
+    assert "from" not in admission  # the API servers' addresses were not read
+    applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert applied.returncode == 0, applied.stderr
 
 
 def test_license_copies_converge_in_entitled_namespaces_only(cluster: Cluster) -> None:

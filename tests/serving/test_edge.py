@@ -739,7 +739,7 @@ def test_a_body_is_read_by_the_loop_and_handed_over_whole_with_its_memory(loop: 
     assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 4
     client.sendall(b"456789")
     loop.turn()
-    [(connection, body, release)] = bodies.received
+    [(_, body, release)] = bodies.received
     assert body == b"0123456789" and loop.edge.counts()["in_call"] == 1
     assert bodies.allowance.used_bytes == edge.SOCKET_BYTES + 10  # held until released
     release()
