@@ -509,7 +509,7 @@ def webhook_server(
         ca_bundle = base64.b64encode(hook_pki["ca.crt"].read_bytes()).decode()
         for webhook in configuration["webhooks"]:
             path = webhook["clientConfig"]["service"]["path"]
-            webhook["clientConfig"] = {"url": f"{server.url}{path}", "caBundle": ca_bundle}
+            webhook["clientConfig"] = {"url": f"{server.admission}{path}", "caBundle": ca_bundle}
         kube.apply(configuration)
         yield server
 

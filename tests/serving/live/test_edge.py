@@ -59,9 +59,11 @@ def client_context(pki: dict[str, Path]) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(pki["ca"]))
 
 
-def tls_to(server: LiveServer, pki: dict[str, Path]) -> ssl.SSLSocket:
-    """A TLS connection to the hook port, handshake done, every read bounded."""
-    raw = socket.create_connection(("127.0.0.1", port_of(server.url)), timeout=5)
+def tls_to(server: LiveServer, pki: dict[str, Path], *, admission: bool = False) -> ssl.SSLSocket:
+    """A TLS connection to the hook port (or the admission port), handshake done, every read
+    bounded."""
+    port = port_of(server.admission if admission else server.url)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
     return client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1")
 
 
@@ -162,7 +164,7 @@ def test_an_admission_review_that_declares_a_gigabyte_is_413_at_once_and_closed(
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
     with served(pki, tmp_path) as server:
-        with tls_to(server, pki) as tls:
+        with tls_to(server, pki, admission=True) as tls:
             started = time.monotonic()
             tls.sendall(
                 b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
