@@ -88,8 +88,9 @@ def answers(server: LiveServer, files: dict[str, str]) -> dict[str, tuple[int, A
     found = {}
     for hook in HOOKS:
         example = EXAMPLES / f"{hook.path.strip('/').replace('/', '-')}.json"
+        base = server.admission if hook.caller == "apiserver" else server.url
         response = requests.post(
-            server.url + hook.path,
+            base + hook.path,
             data=example.read_bytes(),
             headers={"Authorization": "Bearer hook-token", "Content-Type": "application/json"},
             verify=ca_of(files),
