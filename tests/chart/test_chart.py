@@ -16,6 +16,7 @@ import pytest
 import trustme
 import yaml
 
+from hooks.controllers.budget_report import REPORT_NAME
 from hooks.serving import listeners
 from hooks.serving.app import create_app
 from hooks.serving.metrics import Metrics
@@ -522,6 +523,31 @@ def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
     assert not by_kind(default_render, "Role")
 
 
+def test_tenants_view_role_lets_them_get_their_budget_report_and_nothing_else(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Cozystack's tenant roles aggregate ClusterRoles by this label and grant no ConfigMaps:
+    the chart adds `get` on the one ConfigMap name the report writes, bound nowhere by itself
+    (the tenant's own bindings decide where), and not the report's target label."""
+    [role] = [
+        r
+        for r in by_kind(default_render, "ClusterRole")
+        if r["metadata"]["name"] == "gpu-gpuclass-hooks-budget-report-view"
+    ]
+    assert role["metadata"]["labels"]["rbac.cozystack.io/aggregate-to-tenant-view"] == "true"
+    assert "gpuclass.cozystack.io/budget-report" not in role["metadata"]["labels"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [REPORT_NAME],
+            "verbs": ["get"],
+        }
+    ]
+    bound = {b["roleRef"]["name"] for b in by_kind(default_render, "ClusterRoleBinding")}
+    assert role["metadata"]["name"] not in bound
+
+
 @pytest.mark.parametrize(
     "value", ["gpuu.enabled=true", "selectors.node=x", "gpuOperator.variant=gpu", "replicas=0"]
 )
@@ -870,10 +896,17 @@ def test_admission_webhook_is_on_by_default_and_off_only_when_told(
     [configuration] = by_kind(default_render, "ValidatingWebhookConfiguration")
     assert {w["failurePolicy"] for w in configuration["webhooks"]} == {"Fail"}
     roles = {r["metadata"]["name"] for r in by_kind(default_render, "ClusterRole")}
-    assert roles == {"gpu-gpuclass-hooks", "gpu-gpuclass-hooks-admission"}
+    assert roles == {
+        "gpu-gpuclass-hooks",
+        "gpu-gpuclass-hooks-admission",
+        "gpu-gpuclass-hooks-budget-report-view",
+    }
     off = render("admission.enabled=false")
     assert by_kind(off, "ValidatingWebhookConfiguration") == []
-    assert [r["metadata"]["name"] for r in by_kind(off, "ClusterRole")] == ["gpu-gpuclass-hooks"]
+    assert {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")} == {
+        "gpu-gpuclass-hooks",
+        "gpu-gpuclass-hooks-budget-report-view",
+    }
 
 
 def test_admission_webhook_rules_and_routes() -> None:

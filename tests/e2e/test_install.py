@@ -136,6 +136,64 @@ def test_budget_denial_through_the_api_server(cluster: Cluster) -> None:
     ]
 
 
+def test_a_tenant_reads_its_own_budget_report_through_cozystacks_view_role(
+    cluster: Cluster,
+) -> None:
+    """Cozystack binds `cozy:tenant:view` (which aggregates every ClusterRole labelled
+    `rbac.cozystack.io/aggregate-to-tenant-view`) in a tenant's namespaces; a copy of that role,
+    aggregated by this cluster's controller manager, bound to a tenant's ServiceAccount in its
+    namespace: the tenant reads its own report, and neither another namespace's nor a Secret."""
+    cluster.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "cozy:tenant:view"},
+            "aggregationRule": {
+                "clusterRoleSelectors": [
+                    {"matchLabels": {"rbac.cozystack.io/aggregate-to-tenant-view": "true"}}
+                ]
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "tenant-a-viewer", "namespace": "tenant-a"},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant-a-view", "namespace": "tenant-a"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cozy:tenant:view",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "tenant-a-viewer", "namespace": "tenant-a"}
+            ],
+        },
+    )
+    viewer = "--as=system:serviceaccount:tenant-a:tenant-a-viewer"
+
+    def allowed(verb: str, what: str, namespace: str) -> bool:
+        done = cluster.kubectl("auth", "can-i", verb, what, "-n", namespace, viewer, check=False)
+        return done.returncode == 0
+
+    wait_for(
+        "the tenant reading its report (the role aggregated)",
+        lambda: (
+            cluster.kubectl(
+                "get", "configmap", "gpu-budget", "-n", "tenant-a", viewer, check=False
+            ).returncode
+            == 0
+        ),
+    )
+    assert not allowed("get", "configmap/gpu-budget", "tenant-root")  # another namespace's
+    assert not allowed("get", "configmap/other", "tenant-a")  # another ConfigMap
+    assert not allowed("list", "configmaps", "tenant-a")
+    assert not allowed("get", "secrets", "tenant-a")
+
+
 def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     cluster: Cluster,
 ) -> None:
