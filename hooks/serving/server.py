@@ -147,6 +147,7 @@ class HookServer(BaseApplication):
             metrics=metrics,
             tls=tls,
             threads=options.admission_threads,
+            state=self.state,
         )
         worker.drain_with(admission)
         listeners.start(

@@ -51,8 +51,9 @@ class Webhook(listeners.Listener):
         metrics: Metrics,
         tls: TlsSource | None,
         threads: int,
+        state: listeners.ServiceState,
     ) -> None:
-        self._settings, self._app = settings, app
+        self._settings, self._app, self._state = settings, app, state
         self._scheme = "https" if tls is not None else "http"
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="admission")
         self._checks = HeadChecks(
@@ -142,6 +143,12 @@ class Webhook(listeners.Listener):
         keep_alive = head.headers.get("connection", "").lower() != "close" and not any(
             name.lower() == "connection" and value.lower() == "close" for name, value in headers
         )
+        if keep_alive and self._state.draining:
+            # The API server keeps its connections to a Service's address open, and would send
+            # its next review to this pod, stopping, on the same one: closed after this answer,
+            # its next connection goes to a pod that is ready.
+            keep_alive = False
+            headers = [*headers, ("Connection", "close")]
         return response_bytes(status, headers, payload), keep_alive, time.monotonic() - started
 
     def _answered(

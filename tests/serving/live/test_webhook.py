@@ -3,6 +3,7 @@ memory of their own, their bodies read by the event loop before a thread is spen
 
 from __future__ import annotations
 
+import signal
 import socket
 import ssl
 import time
@@ -118,3 +119,26 @@ def test_a_declared_length_holds_no_memory_until_its_bytes_arrive(
     finally:
         for connection in stalled:
             connection.close()
+
+
+def test_a_draining_pod_closes_each_review_connection_after_its_answer(
+    served: tuple[LiveServer, str],
+) -> None:
+    """The API server keeps its connection to the Service open and would send its next review to
+    this pod, stopping, on it: from SIGTERM on, every review is answered, then its connection
+    closed, so that the next one reaches a pod that is ready."""
+    server, ca = served
+    with requests.Session() as session:
+        before = session.post(
+            f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
+        )
+        assert before.status_code == 200 and before.headers.get("Connection") != "close"
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while requests.get(f"{server.health}/readyz", timeout=2).status_code == 200:
+            assert time.monotonic() < deadline, "readiness never turned 503 after SIGTERM"
+            time.sleep(0.05)
+        during = session.post(
+            f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
+        )
+        assert during.status_code == 200 and during.headers.get("Connection") == "close"
