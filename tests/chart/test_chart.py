@@ -1013,10 +1013,6 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
             ("admission.enabled=true", "tls.enabled=false", "auth.enabled=false"),
             "admission.enabled (on by default) needs tls.enabled",
         ),
-        (
-            ("admission.enabled=true", "tls.enabled=true", "tls.clientAuth.enabled=true"),
-            "cannot be combined with tls.clientAuth",
-        ),
     ],
 )
 def test_admission_webhook_refuses_settings_the_api_server_cannot_use(
@@ -1081,7 +1077,7 @@ def should_render(values: dict[str, Any]) -> bool:
         (tls and not values["tls.existingSecret"] and not issuing)
         or (client and not tls)
         or (client and not issuing and not values["tls.clientAuth.existingSecret"])
-        or (values["admission.enabled"] and (not tls or client))
+        or (values["admission.enabled"] and not tls)
         # a fail-closed webhook with no CA to trust: helm template cannot read the Secret's
         or (values["admission.enabled"] and not issuing)
     )

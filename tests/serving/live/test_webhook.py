@@ -7,6 +7,7 @@ import signal
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ TOKEN = "s3cr3t-t0ken"
 REVIEW = (EXAMPLES / "admit-gpu-budget.json").read_bytes()
 
 
-@pytest.fixture
-def served(tmp_path: Path, apiserver: FakeApiServer) -> tuple[LiveServer, str]:
+def serving_files(tmp_path: Path, *, client_ca: bool = False) -> tuple[dict[str, str], str]:
+    """The settings of a server with TLS, the token and a small admission share; with
+    `client_ca`, the hook port asks for a client certificate of the same CA."""
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     paths = {name: tmp_path / name for name in ("ca.crt", "tls.crt", "tls.key", "token")}
@@ -37,11 +39,20 @@ def served(tmp_path: Path, apiserver: FakeApiServer) -> tuple[LiveServer, str]:
         "GPUCLASS_TLS_CERT_FILE": str(paths["tls.crt"]),
         "GPUCLASS_TLS_KEY_FILE": str(paths["tls.key"]),
         "GPUCLASS_AUTH_TOKEN_FILE": str(paths["token"]),
-        "GPUCLASS_KUBE_API": apiserver.url,
         "GPUCLASS_ADMISSION_MEMORY_BYTES": str(4 * 1024 * 1024),
     }
-    with live_server(env, tmp_path, scheme="https") as server:
-        yield server, str(paths["ca.crt"])
+    if client_ca:
+        env["GPUCLASS_TLS_CLIENT_CA_FILE"] = str(paths["ca.crt"])
+    return env, str(paths["ca.crt"])
+
+
+@pytest.fixture
+def served(tmp_path: Path, apiserver: FakeApiServer) -> Iterator[tuple[LiveServer, str]]:
+    env, ca = serving_files(tmp_path)
+    with live_server(
+        {**env, "GPUCLASS_KUBE_API": apiserver.url}, tmp_path, scheme="https"
+    ) as server:
+        yield server, ca
 
 
 def test_reviews_are_answered_on_the_admission_port_and_kept_alive(
@@ -142,3 +153,25 @@ def test_a_draining_pod_closes_each_review_connection_after_its_answer(
             f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
         )
         assert during.status_code == 200 and during.headers.get("Connection") == "close"
+
+
+def test_with_client_certificates_required_on_the_hook_port_reviews_need_none(
+    tmp_path: Path, apiserver: FakeApiServer
+) -> None:
+    """The API server presents no client certificate: the admission port never asks for one,
+    whatever the hook port requires."""
+    env, ca = serving_files(tmp_path, client_ca=True)
+    env["GPUCLASS_KUBE_API"] = apiserver.url
+    with live_server(env, tmp_path, scheme="https") as server:
+        review = requests.post(
+            f"{server.admission}/admit/gpu-budget", data=REVIEW, verify=ca, timeout=10
+        )
+        assert review.status_code == 200
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.post(
+                f"{server.url}/status/customize",
+                data=b"{}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                verify=ca,
+                timeout=10,
+            )
