@@ -725,40 +725,35 @@ class Edge:
 
     def _send_answer(self, connection: Connection) -> None:
         """Send an answer on a connection kept alive; then back to waiting for a request."""
-        try:
-            while connection.outgoing:
-                sent = connection.sock.send(connection.outgoing)
-                connection.outgoing = connection.outgoing[sent:]
-        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
-            self._watch(connection, EVENT_WRITE)
-            return
-        except ssl.SSLWantReadError:
-            self._watch(connection, EVENT_READ)
-            return
-        except OSError:
-            self._forget(connection)
-            return
-        pending, connection.pending = connection.pending, b""
-        self.resume(connection, pending)
+        if self._flush(connection):
+            pending, connection.pending = connection.pending, b""
+            self.resume(connection, pending)
 
     def _send(self, connection: Connection) -> None:
-        try:
-            while connection.outgoing:
-                sent = connection.sock.send(connection.outgoing)
-                connection.outgoing = connection.outgoing[sent:]
-        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
-            self._watch(connection, EVENT_WRITE)
-            return
-        except ssl.SSLWantReadError:
-            self._watch(connection, EVENT_READ)
-            return
-        except OSError:
-            self._forget(connection)
+        if not self._flush(connection):
             return
         with suppress(OSError):
             # The plain socket's half-close: TLS's would want a close_notify exchange first.
             socket.socket.shutdown(connection.sock, socket.SHUT_WR)
         self._drain(connection)
+
+    def _flush(self, connection: Connection) -> bool:
+        """Send what is outgoing, as far as the socket takes it: True once all of it is sent;
+        else the connection waits for the socket, or is gone."""
+        try:
+            while connection.outgoing:
+                sent = connection.sock.send(connection.outgoing)
+                connection.outgoing = connection.outgoing[sent:]
+        except (ssl.SSLWantWriteError, BlockingIOError, InterruptedError):
+            self._watch(connection, EVENT_WRITE)
+            return False
+        except ssl.SSLWantReadError:
+            self._watch(connection, EVENT_READ)
+            return False
+        except OSError:
+            self._forget(connection)
+            return False
+        return True
 
     def _drain(self, connection: Connection) -> None:
         """Take (and discard, undecrypted) the peer's input until it closes, the cap or the

@@ -116,6 +116,21 @@ class HeadChecks:
         self.backlog = backlog
         self._elsewhere = elsewhere
 
+    def passed(
+        self, the_edge: edge.Edge, connection: edge.Connection, head_bytes: bytes
+    ) -> edge.Head | None:
+        """The head, when the call may go on; else the connection is dropped (not HTTP) or
+        answered with its refusal, and None."""
+        head = edge.parse_head(head_bytes)
+        if head is None:
+            the_edge.drop(connection, "malformed")
+            return None
+        refusal = self.refusal(head)
+        if refusal is not None:
+            the_edge.respond(connection, self.refused(head, refusal, connection.accepted_at))
+            return None
+        return head
+
     def refusal(self, head: edge.Head) -> Refusal | None:
         hook = self.hooks.get(head.path)
         if hook is None:

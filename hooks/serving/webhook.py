@@ -86,14 +86,8 @@ class Webhook(listeners.Listener):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def answer_head(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
-        head = edge.parse_head(head_bytes)
+        head = self._checks.passed(self._edge, connection, head_bytes)
         if head is None:
-            self._edge.drop(connection, "malformed")
-            return
-        refusal = self._checks.refusal(head)
-        if refusal is not None:
-            answer = self._checks.refused(head, refusal, connection.accepted_at)
-            self._edge.respond(connection, answer)
             return
         length = head.content_length() or 0
         # The review's time runs from its head's first byte: the body is read within what is

@@ -192,14 +192,7 @@ class HookWorker(ThreadWorker):
 
     def _on_head(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
         assert self._edge is not None and self._checks is not None
-        head = edge.parse_head(head_bytes)
-        if head is None:
-            self._edge.drop(connection, "malformed")
-            return
-        refusal = self._checks.refusal(head)
-        if refusal is not None:
-            answer = self._checks.refused(head, refusal, connection.accepted_at)
-            self._edge.respond(connection, answer)
+        if self._checks.passed(self._edge, connection, head_bytes) is None:
             return
         tconn = connection.owner_state
         if tconn is None:
