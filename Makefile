@@ -127,9 +127,10 @@ image-test: image tools
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest tests/image \
 		--image $(IMAGE) --image-base $(PYTHON_IMAGE)
 
-# The install as a cluster runs it: a one-node cluster (kubelet, containerd, CoreDNS) booted in a
-# network namespace of its own with no route out, Metacontroller and cert-manager in it, and
-# docs/install.md followed step by step (docs/cluster.md: what it needs and leaves).
+# The install as a cluster runs it: a two-node cluster (kubelets, containerd, CoreDNS; the second
+# node's GPUs advertised by a fake device plugin) booted in a network namespace of its own with no
+# route out, Metacontroller and cert-manager in it, and docs/install.md followed step by step
+# (docs/cluster.md: what it needs and leaves).
 # Needs root and Debian's containerd, runc, containernetworking-plugins and iptables.
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/gpuclass-hooks-e2e
 e2e: image

@@ -2,10 +2,10 @@
 # Builds the tools the tests run (helm, etcd, kube-apiserver) from the Go module proxy, once per
 # version; fetches prometheus-operator's CRDs from its Go module; installs Prometheus (the server
 # and promtool) from Debian's packages when they are missing.
-# `build.sh cluster` builds, besides, what `make e2e`'s one-node cluster runs (docs/cluster.md):
-# the kubelet, kube-controller-manager, kube-scheduler, kube-proxy and kubectl, CoreDNS,
-# cert-manager's controller and cainjector, Metacontroller (from its source archive), a pause
-# program, and the images made of them.
+# `build.sh cluster` builds, besides, what `make e2e`'s cluster runs (docs/cluster.md): the
+# kubelet, kube-controller-manager, kube-scheduler, kube-proxy and kubectl, a fake device plugin,
+# CoreDNS, cert-manager's controller and cainjector, Metacontroller (from its source archive), a
+# pause program, and the images made of them.
 # The binaries are cached outside the repository, by version, so later runs build nothing:
 #   $GPUCLASS_TESTENV_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/gpuclass-hooks/testenv)/<name>-<version>
 # (a main package of our own adds its hash to the version). Prints the directory that holds them.
@@ -96,6 +96,8 @@ if [ "${1:-}" = cluster ]; then
   for name in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do
     build "$name" kubernetes "k8s.io/kubernetes/cmd/$name" k8s.io/kubernetes "$kube_ldflags"
   done
+  # The GPU node's device plugin: fake devices, registered with the kubelet as a real plugin does.
+  build fake-device-plugin kubernetes ./deviceplugin k8s.io/kubernetes
   build coredns coredns . github.com/coredns/coredns
   build cert-manager-controller cert-manager ./controller github.com/cert-manager/cert-manager
   build cert-manager-cainjector cert-manager ./cainjector github.com/cert-manager/cert-manager

@@ -1,17 +1,21 @@
-"""A real one-node Kubernetes cluster inside a network namespace of its own, for `make e2e`.
+"""A real two-node Kubernetes cluster inside a network namespace of its own, for `make e2e`.
 
     python testenv/cluster.py run --dir DIR --tools TOOLS -- COMMAND...   # up, COMMAND, down
     python testenv/cluster.py down --dir DIR                              # after a kill -9
+    python testenv/cluster.py stop-kubelet|start-kubelet --dir DIR --tools TOOLS --node NAME
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (Debian's, with runc
-and the bridge CNI plugin), the kubelet and kube-proxy run as processes in one network namespace
-that has only a loopback interface and no route out: the node's address sits on that `lo`, pods
-are on a bridge inside it, and nothing listens on or reaches the host's interfaces. CoreDNS runs
-as a pod. Every daemon shares one persistent private mount namespace, so that containerd sees the
-volumes the kubelet mounts and none of those mounts reach the host. COMMAND runs in the network
-namespace with KUBECONFIG and GPUCLASS_E2E_DIR set; whatever it does, `run` then stops every
-process in the namespace, removes the namespace, the mounts and the cgroups, and leaves DIR's
-logs (DIR/logs) for a failed run to be read.
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kube-proxy run as processes in
+one network namespace that has only a loopback interface and no route out, and so does each
+node's containerd (Debian's, with runc and the bridge CNI plugin) and kubelet: the nodes'
+addresses sit on that `lo`, each node's pods are on a bridge of its own inside it, and nothing
+listens on or reaches the host's interfaces. The first node runs every pod (CoreDNS among them);
+the second is a GPU node whose devices a fake device plugin advertises to its kubelet. Each node's
+daemons share one persistent private mount namespace of the node's own, so that its containerd
+sees the volumes its kubelet mounts and none of those mounts reach the host. COMMAND runs in the
+network namespace with KUBECONFIG and GPUCLASS_E2E_DIR set; whatever it does, `run` then stops
+every process in the namespace, removes the namespace, the mounts and the cgroups, and leaves
+DIR's logs (DIR/logs) for a failed run to be read. `stop-kubelet` and `start-kubelet` stop a
+node's kubelet (its containers run on) and start it again, for a test of a node gone NotReady.
 
 Needs root, Linux with cgroup v1 or v2, and Debian's containerd, runc, containernetworking-plugins
 and iptables. TOOLS holds the binaries and images `testenv/build.sh cluster` builds.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -36,14 +41,11 @@ from pathlib import Path
 import trustme
 from controlplane import ApiServer, etcd_command  # testenv/controlplane.py
 
-NODE_NAME = "node-1"
-NODE_IP = "10.233.0.1"
-POD_CIDR = "10.244.0.0/24"
+CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 API_SERVICE_IP = "10.96.0.1"
 DNS_SERVICE_IP = "10.96.0.10"
 ADMIN_TOKEN = "e2e-admin-token"
-NODE_TOKEN = "e2e-node-token"
 PAUSE_IMAGE = "e2e.local/pause:1"
 COREDNS_IMAGE = "e2e.local/coredns:1"
 # On the node before anything runs, as a registry would serve them: e2e.local/<name>:1.
@@ -62,6 +64,47 @@ ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
 
 
 @dataclass(frozen=True)
+class Node:
+    """One node: a kubelet and a containerd of its own, in a mount namespace of its own (the
+    kubelet's device-plugin socket has a fixed path, /var/lib/kubelet/device-plugins, and its pod
+    log directory is swept of pods it does not run)."""
+
+    name: str
+    ip: str
+    pod_cidr: str
+    bridge: str
+    healthz_port: int
+    images: tuple[str, ...]  # imported into its containerd, as a registry would serve them
+    taints: tuple[dict[str, str], ...] = ()
+    labels: tuple[str, ...] = ()
+    devices: tuple[str, ...] = ()  # what its fake device plugin advertises: DOMAIN/NAME=COUNT
+
+    def log(self, daemon: str) -> str:
+        return daemon if self is CONTROL_NODE else f"{daemon}-{self.name}"
+
+
+# Every pod of the install runs on the first node. The second is a GPU worker as Cozystack's are:
+# tainted so that nothing lands there by chance, its devices advertised by a device plugin
+# registered with its kubelet (testenv/kubernetes/deviceplugin), none of them permitted by
+# KubeVirt but the first.
+CONTROL_NODE = Node("node-1", "10.233.0.1", "10.244.0.0/24", "cni0", 10248, images=NODE_IMAGES)
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+GPU_NODE = Node(
+    "gpu-1",
+    "10.233.0.2",
+    "10.244.1.0/24",
+    "cni1",
+    10258,
+    images=("pause",),
+    taints=(GPU_TAINT,),
+    labels=("nvidia.com/gpu.present=true",),
+    devices=("nvidia.com/L40S=4", "nvidia.com/NVIDIA_L40S-24Q=2"),
+)
+NODES = (CONTROL_NODE, GPU_NODE)
+NODE_IP = CONTROL_NODE.ip
+
+
+@dataclass(frozen=True)
 class Cluster:
     directory: Path
     tools: Path
@@ -77,19 +120,22 @@ class Cluster:
         return Path("/run/netns") / self.name
 
     @property
-    def mountns(self) -> Path:
-        return self.directory / "mountns"
-
-    @property
     def kubeconfig(self) -> Path:
         return self.directory / "kubeconfig"
 
-    @property
-    def containerd_socket(self) -> Path:
-        return self.directory / "containerd" / "containerd.sock"
-
     def path(self, *parts: str) -> Path:
         return self.directory.joinpath(*parts)
+
+    def home(self, node: Node) -> Path:
+        """What is the node's own: the first node's is the cluster's directory, as it always
+        was (the tests reach its containerd there)."""
+        return self.directory if node is CONTROL_NODE else self.directory / node.name
+
+    def mountns(self, node: Node) -> Path:
+        return self.home(node) / "mountns"
+
+    def containerd_socket(self, node: Node) -> Path:
+        return self.home(node) / "containerd" / "containerd.sock"
 
     def tool(self, name: str) -> str:
         path = self.tools / name
@@ -97,9 +143,9 @@ class Cluster:
             raise SystemExit(f"{path} is missing: `testenv/build.sh cluster` builds it")
         return str(path)
 
-    def inside(self, *command: str, mount: bool = True) -> list[str]:
-        """COMMAND in the cluster's network namespace (and its mount namespace)."""
-        entered = [f"--net={self.netns}"] + ([f"--mount={self.mountns}"] if mount else [])
+    def inside(self, *command: str, mount: bool = True, node: Node = CONTROL_NODE) -> list[str]:
+        """COMMAND in the cluster's network namespace (and the node's mount namespace)."""
+        entered = [f"--net={self.netns}"] + ([f"--mount={self.mountns(node)}"] if mount else [])
         return ["nsenter", *entered, "--", *command]
 
 
@@ -116,7 +162,7 @@ def make_namespaces(cluster: Cluster) -> None:
     sh("ip", "netns", "add", cluster.name)
     for command in (
         ["ip", "link", "set", "lo", "up"],
-        ["ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo"],
+        *(["ip", "addr", "add", f"{node.ip}/32", "dev", "lo"] for node in NODES),
         # kube-apiserver dials a webhook's ClusterIP before kube-proxy's DNAT applies: without a
         # route for the Service range the dial fails at once (there is no default route).
         ["ip", "route", "add", SERVICE_CIDR, "dev", "lo", "src", NODE_IP],
@@ -124,25 +170,35 @@ def make_namespaces(cluster: Cluster) -> None:
         ["sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"],
     ):
         sh(*cluster.inside(*command, mount=False))
-    # `unshare --mount=FILE` keeps the mount namespace alive in FILE, which must sit on a private
-    # mount. /run/netns (the pods' network namespaces) and /var/log (the kubelet's pod logs, at
-    # fixed paths) are the cluster's own inside it.
+    # `unshare --mount=FILE` keeps a mount namespace alive in FILE, which must sit on a private
+    # mount. /run/netns (the pods' network namespaces), /var/log (the kubelet's pod logs) and
+    # /var/lib/kubelet (its device-plugin socket), at fixed paths, are each node's own inside it.
     sh("mount", "--bind", str(cluster.directory), str(cluster.directory))
     sh("mount", "--make-private", str(cluster.directory))
-    cluster.mountns.touch()
-    sh("unshare", f"--mount={cluster.mountns}", "--propagation", "private", "true")
-    for folder in ("run-netns", "var-log"):
-        cluster.path(folder).mkdir()
-    for source, target in (("run-netns", "/run/netns"), ("var-log", "/var/log")):
-        sh(*cluster.inside("mount", "--bind", str(cluster.path(source)), target))
+    for node in NODES:
+        home = cluster.home(node)
+        home.mkdir(exist_ok=True)
+        cluster.mountns(node).touch()
+        sh("unshare", f"--mount={cluster.mountns(node)}", "--propagation", "private", "true")
+        for source, target in MOUNTED:
+            (home / source).mkdir()
+            sh(*cluster.inside("mount", "--bind", str(home / source), target, node=node))
+
+
+MOUNTED = (
+    ("run-netns", "/run/netns"),
+    ("var-log", "/var/log"),
+    ("var-lib-kubelet", "/var/lib/kubelet"),
+)
 
 
 def remove_namespaces(cluster: Cluster) -> None:
     stop_processes(cluster)
     if cluster.netns.exists():
         sh("ip", "netns", "del", cluster.name, check=False)
-    if cluster.mountns.exists():
-        sh("umount", str(cluster.mountns), check=False)
+    for node in reversed(NODES):  # the second node's file sits inside the first's directory
+        if cluster.mountns(node).exists():
+            sh("umount", str(cluster.mountns(node)), check=False)
     # The namespace's last processes may still hold the mount for a moment after they are killed.
     deadline = time.monotonic() + STOP_SECONDS
     while sh("mountpoint", "-q", str(cluster.directory), check=False).returncode == 0:
@@ -217,7 +273,8 @@ def cgroups_under(top: Path) -> list[Path]:
 
 def make_cgroups() -> None:
     for hierarchy in cgroup_hierarchies():
-        (hierarchy / CGROUP_ROOT).mkdir(exist_ok=True)
+        for node in NODES:
+            (hierarchy / node_cgroup(node).lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
 def remove_cgroups() -> None:
@@ -245,12 +302,16 @@ def rmdir_when_empty(cgroup: Path) -> None:
 # --- certificates and configuration ---------------------------------------------------------
 
 
+def node_token(node: Node) -> str:
+    return f"e2e-node-token-{node.name}"
+
+
 def write_pki(cluster: Cluster) -> None:
     pki = cluster.path("pki")
     pki.mkdir()
     ca = trustme.CA(organization_name="gpuclass-e2e")
     serving = ca.issue_cert(
-        NODE_IP,
+        *(node.ip for node in NODES),
         API_SERVICE_IP,
         "127.0.0.1",
         "kubernetes",
@@ -266,12 +327,18 @@ def write_pki(cluster: Cluster) -> None:
         issued.cert_chain_pems[0].write_to_path(str(pki / f"{name}.crt"))
         issued.private_key_pem.write_to_path(str(pki / f"{name}.key"))
     signing.private_key_pem.write_to_path(str(pki / "sa.key"))
+    # Each kubelet as itself: the Node authorizer lets it write only its own node.
     (pki / "tokens.csv").write_text(
         f'{ADMIN_TOKEN},admin,admin,"system:masters"\n'
-        f'{NODE_TOKEN},system:node:{NODE_NAME},node,"system:nodes"\n'
+        + "".join(
+            f'{node_token(node)},system:node:{node.name},{node.name},"system:nodes"\n'
+            for node in NODES
+        )
     )
-    for name, token in (("kubeconfig", ADMIN_TOKEN), ("kubelet.kubeconfig", NODE_TOKEN)):
-        cluster.path(name).write_text(
+    configs = [(cluster.kubeconfig, ADMIN_TOKEN)]
+    configs += [(cluster.home(node) / "kubelet.kubeconfig", node_token(node)) for node in NODES]
+    for path, token in configs:
+        path.write_text(
             json.dumps(
                 {
                     "apiVersion": "v1",
@@ -293,9 +360,10 @@ def write_pki(cluster: Cluster) -> None:
         )
 
 
-def write_runtime_config(cluster: Cluster) -> None:
-    containerd = cluster.path("containerd")
-    cni = cluster.path("cni")
+def write_runtime_config(cluster: Cluster, node: Node) -> None:
+    home = cluster.home(node)
+    containerd = home / "containerd"
+    cni = home / "cni"
     for folder in (containerd, cni):
         folder.mkdir()
     # Root here may lack CAP_SYS_RESOURCE: runc cannot then lower a container's oom_score_adj,
@@ -305,7 +373,7 @@ def write_runtime_config(cluster: Cluster) -> None:
 root = "{containerd}/root"
 state = "{containerd}/state"
 [grpc]
-  address = "{cluster.containerd_socket}"
+  address = "{cluster.containerd_socket(node)}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   restrict_oom_score_adj = true
@@ -329,14 +397,14 @@ state = "{containerd}/state"
                 "plugins": [
                     {
                         "type": "bridge",
-                        "bridge": "cni0",
+                        "bridge": node.bridge,
                         "isGateway": True,
                         "ipMasq": False,
                         "hairpinMode": True,
                         "ipam": {
                             "type": "host-local",
-                            "dataDir": str(cluster.path("cni-ipam")),
-                            "ranges": [[{"subnet": POD_CIDR}]],
+                            "dataDir": str(home / "cni-ipam"),
+                            "ranges": [[{"subnet": node.pod_cidr}]],
                             "routes": [{"dst": "0.0.0.0/0"}],
                         },
                     },
@@ -345,14 +413,14 @@ state = "{containerd}/state"
             }
         )
     )
-    (cluster.path("kubelet.yaml")).write_text(
+    (home / "kubelet.yaml").write_text(
         json.dumps(
             {
                 "apiVersion": "kubelet.config.k8s.io/v1beta1",
                 "kind": "KubeletConfiguration",
                 # containerd 1.6 does not report its cgroup driver: the kubelet takes this one.
                 "cgroupDriver": "cgroupfs",
-                "cgroupRoot": f"/{CGROUP_ROOT}",
+                "cgroupRoot": node_cgroup(node),
                 "failCgroupV1": False,
                 "failSwapOn": False,
                 "clusterDNS": [DNS_SERVICE_IP],
@@ -366,7 +434,10 @@ state = "{containerd}/state"
                 "authorization": {"mode": "AlwaysAllow"},
                 "readOnlyPort": 0,
                 "healthzBindAddress": "127.0.0.1",
-                "healthzPort": 10248,
+                "healthzPort": node.healthz_port,
+                # Each kubelet on its own address: both serve port 10250.
+                "address": node.ip,
+                "registerWithTaints": list(node.taints),
                 # Nothing can be pulled back: images are imported, so never collect them, and
                 # evict only when the disk is really full.
                 "imageGCHighThresholdPercent": 100,
@@ -379,10 +450,17 @@ state = "{containerd}/state"
                 },
                 "podLogsDir": "/var/log/pods",
                 "serializeImagePulls": False,
-                "containerRuntimeEndpoint": f"unix://{cluster.containerd_socket}",
+                "containerRuntimeEndpoint": f"unix://{cluster.containerd_socket(node)}",
             }
         )
     )
+
+
+def node_cgroup(node: Node) -> str:
+    return f"/{CGROUP_ROOT}" if node is CONTROL_NODE else f"/{CGROUP_ROOT}/{node.name}"
+
+
+def write_proxy_config(cluster: Cluster) -> None:
     (cluster.path("kube-proxy.yaml")).write_text(
         json.dumps(
             {
@@ -390,8 +468,8 @@ state = "{containerd}/state"
                 "kind": "KubeProxyConfiguration",
                 "mode": "iptables",
                 "clientConnection": {"kubeconfig": str(cluster.kubeconfig)},
-                "hostnameOverride": NODE_NAME,
-                "clusterCIDR": POD_CIDR,
+                "hostnameOverride": CONTROL_NODE.name,
+                "clusterCIDR": CLUSTER_CIDR,
                 "bindAddress": NODE_IP,
                 "healthzBindAddress": "127.0.0.1:10256",
                 "metricsBindAddress": "127.0.0.1:10249",
@@ -403,19 +481,6 @@ state = "{containerd}/state"
 
 
 # --- the daemons ----------------------------------------------------------------------------
-
-
-def start(cluster: Cluster, name: str, *command: str) -> subprocess.Popen[bytes]:
-    logs = cluster.path("logs")
-    logs.mkdir(exist_ok=True)
-    with (logs / f"{name}.log").open("ab") as log:
-        return subprocess.Popen(
-            cluster.inside(*command),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
 
 
 def wait_until(what: str, ready: Callable[[], bool], cluster: Cluster, log: str) -> None:
@@ -508,7 +573,7 @@ def start_control_plane(cluster: Cluster) -> None:
         f"--service-account-private-key-file={pki / 'sa.key'}",
         f"--root-ca-file={pki / 'ca.crt'}",
         "--use-service-account-credentials=true",
-        f"--cluster-cidr={POD_CIDR}",
+        f"--cluster-cidr={CLUSTER_CIDR}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--controllers=*,-nodeipam",
     )
@@ -524,52 +589,114 @@ def start_control_plane(cluster: Cluster) -> None:
     )
 
 
-def start_node(cluster: Cluster) -> None:
-    make_cgroups()
+def start(
+    cluster: Cluster, name: str, *command: str, node: Node = CONTROL_NODE
+) -> subprocess.Popen[bytes]:
+    logs = cluster.path("logs")
+    logs.mkdir(exist_ok=True)
+    with (logs / f"{name}.log").open("ab") as log:
+        return subprocess.Popen(
+            cluster.inside(*command, node=node),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def start_node(cluster: Cluster, node: Node) -> None:
+    home = cluster.home(node)
     start(
-        cluster, "containerd", "containerd", f"--config={cluster.path('containerd', 'config.toml')}"
+        cluster,
+        node.log("containerd"),
+        "containerd",
+        f"--config={home / 'containerd' / 'config.toml'}",
+        node=node,
     )
-    ctr = ["ctr", f"--address={cluster.containerd_socket}", "--namespace=k8s.io"]
+    ctr = ["ctr", f"--address={cluster.containerd_socket(node)}", "--namespace=k8s.io"]
     wait_until(
-        "containerd",
-        lambda: sh(*cluster.inside(*ctr, "version"), check=False).returncode == 0,
+        f"{node.name}'s containerd",
+        lambda: sh(*cluster.inside(*ctr, "version", node=node), check=False).returncode == 0,
         cluster,
-        "containerd",
+        node.log("containerd"),
     )
-    for image in NODE_IMAGES:
-        sh(*cluster.inside(*ctr, "images", "import", cluster.tool(f"{image}.tar")))
-    start(
-        cluster,
-        "kubelet",
+    for image in node.images:
+        sh(*cluster.inside(*ctr, "images", "import", cluster.tool(f"{image}.tar"), node=node))
+    start_kubelet(cluster, node)
+    if node.devices:
+        start(
+            cluster,
+            node.log("device-plugin"),
+            cluster.tool("fake-device-plugin"),
+            *node.devices,
+            node=node,
+        )
+
+
+def kubelet_command(cluster: Cluster, node: Node) -> list[str]:
+    home = cluster.home(node)
+    return [
         cluster.tool("kubelet"),
-        f"--config={cluster.path('kubelet.yaml')}",
-        f"--kubeconfig={cluster.path('kubelet.kubeconfig')}",
-        f"--root-dir={cluster.path('kubelet')}",
-        f"--node-ip={NODE_IP}",
-        f"--hostname-override={NODE_NAME}",
-    )
+        f"--config={home / 'kubelet.yaml'}",
+        f"--kubeconfig={home / 'kubelet.kubeconfig'}",
+        f"--root-dir={home / 'kubelet'}",
+        f"--node-ip={node.ip}",
+        f"--hostname-override={node.name}",
+        *([f"--node-labels={','.join(node.labels)}"] if node.labels else []),
+    ]
+
+
+def start_kubelet(cluster: Cluster, node: Node) -> None:
+    start(cluster, node.log("kubelet"), *kubelet_command(cluster, node), node=node)
+
+
+def stop_kubelet(cluster: Cluster, node: Node) -> None:
+    """The node's kubelet stops (SIGTERM); its containers and its device plugin run on."""
+    command = kubelet_command(cluster, node)
+    for pid in cluster_pids(cluster):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] == [
+                part.encode() for part in command
+            ]:
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + STOP_SECONDS
+                while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                return
+    raise SystemExit(f"no kubelet of {node.name} is running")
+
+
+def start_nodes(cluster: Cluster) -> None:
+    make_cgroups()
+    for node in NODES:
+        start_node(cluster, node)
     start(
         cluster,
         "kube-proxy",
         cluster.tool("kube-proxy"),
         f"--config={cluster.path('kube-proxy.yaml')}",
     )
-    wait_until(
-        "the node",
-        lambda: node_ready(kubectl(cluster, "get", "node", NODE_NAME, "-o", "json", check=False)),
-        cluster,
-        "kubelet",
-    )
-    # The node holds the whole pod range (kube-controller-manager's IPAM is off: one node).
-    kubectl(
-        cluster,
-        "patch",
-        "node",
-        NODE_NAME,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"podCIDR": POD_CIDR, "podCIDRs": [POD_CIDR]}}),
-    )
+    for node in NODES:
+        wait_until(
+            f"the node {node.name}",
+            functools.partial(node_registered_ready, cluster, node),
+            cluster,
+            node.log("kubelet"),
+        )
+        # Each node holds its own pod range (kube-controller-manager's IPAM is off).
+        kubectl(
+            cluster,
+            "patch",
+            "node",
+            node.name,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]}}),
+        )
+
+
+def node_registered_ready(cluster: Cluster, node: Node) -> bool:
+    return node_ready(kubectl(cluster, "get", "node", node.name, "-o", "json", check=False))
 
 
 def node_ready(listed: str) -> bool:
@@ -713,9 +840,11 @@ def up(cluster: Cluster) -> None:
     cluster.directory.mkdir(parents=True)
     make_namespaces(cluster)
     write_pki(cluster)
-    write_runtime_config(cluster)
+    for node in NODES:
+        write_runtime_config(cluster, node)
+    write_proxy_config(cluster)
     start_control_plane(cluster)
-    start_node(cluster)
+    start_nodes(cluster)
     start_dns(cluster)
     print(f"cluster up in {time.monotonic() - started:.1f} s ({cluster.directory})", flush=True)
 
@@ -725,8 +854,10 @@ def down(cluster: Cluster) -> None:
     if not cluster.directory.exists():
         return
     remove_namespaces(cluster)
-    for leftover in ("containerd", "kubelet", "etcd", "run-netns", "cni-ipam"):
-        shutil.rmtree(cluster.path(leftover), ignore_errors=True)
+    shutil.rmtree(cluster.path("etcd"), ignore_errors=True)
+    for node in NODES:
+        for leftover in ("containerd", "kubelet", "run-netns", "var-lib-kubelet", "cni-ipam"):
+            shutil.rmtree(cluster.home(node) / leftover, ignore_errors=True)
 
 
 def run(cluster: Cluster, command: list[str]) -> int:
@@ -752,20 +883,26 @@ def run(cluster: Cluster, command: list[str]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("run", "up", "down"))
+    parser.add_argument("action", choices=("run", "up", "down", "stop-kubelet", "start-kubelet"))
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--tools", type=Path, default=Path("."))
+    parser.add_argument("--node", choices=[node.name for node in NODES], default=GPU_NODE.name)
     arguments = sys.argv[1:]
     split = arguments.index("--") if "--" in arguments else len(arguments)
     options = parser.parse_args(arguments[:split])
     options.command = arguments[split + 1 :]
     cluster = Cluster(options.dir.resolve(), options.tools.resolve())
+    node = next(node for node in NODES if node.name == options.node)
     if options.action == "run":
         sys.exit(run(cluster, options.command))
-    if options.action == "up":
+    elif options.action == "up":
         up(cluster)
-    else:
+    elif options.action == "down":
         down(cluster)
+    elif options.action == "stop-kubelet":
+        stop_kubelet(cluster, node)
+    else:
+        start_kubelet(cluster, node)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """etcd and kube-apiserver as the project runs them: the suite's control plane on loopback
-(tests/controlplane.py, envtest's way) and the one-node cluster's (testenv/cluster.py) start the
+(tests/controlplane.py, envtest's way) and the e2e cluster's (testenv/cluster.py) start the
 same two command lines, with what differs between them said in the arguments.
 
 Standard library only: cluster.py runs it as a script's sibling, the suite imports it as

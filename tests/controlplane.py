@@ -2,7 +2,7 @@
 started on loopback, with no kubelet, no controller-manager and no containers.
 
 The binaries come from `make tools` (testenv/build.sh), on PATH; their command lines from
-testenv/controlplane.py, which the one-node cluster starts its own with. The API server serves
+testenv/controlplane.py, which the e2e cluster starts its own with. The API server serves
 HTTPS with a certificate made here (trustme), authenticates an admin through a static token file,
 authorizes with RBAC, and signs service-account tokens (TokenRequest works; the chart's RBAC is
 tested with a real token of its ServiceAccount)."""

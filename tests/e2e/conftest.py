@@ -1,5 +1,5 @@
 """The install as a cluster runs it (`make e2e`): these tests run inside the network namespace of a
-real one-node cluster that testenv/cluster.py boots around them, and drive it only with the
+real two-node cluster that testenv/cluster.py boots around them, and drive it only with the
 commands docs/install.md and docs/operating.md give (kubectl, helm, openssl, ctr).
 
 They are collected only there (tests/conftest.py): `make test` has no cluster to give them.

@@ -1,4 +1,4 @@
-"""Day two on a real one-node cluster: a rolling upgrade and a deleted pod while Metacontroller
+"""Day two on a real cluster: a rolling upgrade and a deleted pod while Metacontroller
 syncs and the API server sends admission reviews. Neither may cost a call or a copy: every review
 gets its verdict, no sync fails, and no entitled namespace is ever without its license copy, not
 even for a moment (a watch sees every deletion).
