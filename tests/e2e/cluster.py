@@ -1,4 +1,4 @@
-"""The one-node cluster as the tests drive it: its commands (kubectl, helm, ctr), its objects,
+"""The test cluster as the tests drive it: its commands (kubectl, helm, ctr), its objects,
 and waiting for what it converges to."""
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ ROOT = Path(__file__).parent.parent.parent
 CHART = ROOT / "metacontroller"
 RELEASE, NAMESPACE = "gpuclass-hooks", "cozy-gpu"
 GPU = "nvidia.com/L40S"
+# The cluster's GPU node, as testenv/cluster.py makes it: tainted, and advertising through its
+# device plugin GPU_DEVICES of GPU (which KubeVirt permits) and VGPU_DEVICES of VGPU (which it
+# does not).
+GPU_NODE = "gpu-1"
+GPU_NODE_TAINT = "nvidia.com/gpu"
+GPU_DEVICES = 4
+VGPU, VGPU_DEVICES = "nvidia.com/NVIDIA_L40S-24Q", 2
 
 
 class CommandFailed(AssertionError):

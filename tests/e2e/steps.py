@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY
-from tests.e2e.cluster import CHART, GPU, NAMESPACE, RELEASE, Cluster
+from tests.e2e.cluster import CHART, GPU, GPU_NODE_TAINT, NAMESPACE, RELEASE, Cluster
 
 INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
 OPERATING = INSTALL.parent / "operating.md"
@@ -108,6 +108,8 @@ def licensed_setup(cluster: Cluster) -> None:
             "metadata": {"name": "l40s"},
             "spec": {
                 "resourceName": GPU,
+                # every taint Cozystack's GPU nodes carry under this key, whatever its effect
+                "tolerations": [{"key": GPU_NODE_TAINT, "operator": "Exists"}],
                 "license": {"secretRef": {"name": SOURCE_NAME}, "featureType": 1},
             },
         },
