@@ -1,4 +1,4 @@
-"""docs/install.md, step by step, on a real one-node cluster: Metacontroller from its own chart,
+"""docs/install.md, step by step, on a real cluster: Metacontroller from its own chart,
 cert-manager, the image loaded into the node, the chart installed with cert-manager and then with
 an existing TLS Secret, `helm test`, license copies converging, a budget denial through the API
 server, and the documented uninstall. The shell blocks are the document's own, run as written
@@ -195,19 +195,21 @@ def test_a_tenant_reads_its_own_budget_report_through_cozystacks_view_role(
 
 
 def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
-    cluster: Cluster,
+    cluster: Cluster, tmp_path: Path
 ) -> None:
-    """Step 7: GPU features off, the copies gone, then `helm uninstall`; the CRD and the classes
-    stay."""
-    upgrade(cluster, "gpu.enabled=false")
-    # The controllers' spec changes with the switch, so Metacontroller syncs at once, but may
-    # reach a pod that still serves copies while the new ones roll out: then the copies go at
-    # the next license resync (controllers.licenseResyncPeriodSeconds).
+    """Step 7 as written: GPU features off, the classes synced again, the copies gone well before
+    the license resync would take them, then `helm uninstall`; the CRD and the classes stay."""
+    block = [line.strip() for line in doc_block("- **Uninstall:**").splitlines()]
+    [upgrade_line, annotate_line] = [
+        line for line in block if line.startswith(("helm up", "kubectl an"))
+    ]
+    run_block(cluster, with_image(upgrade_line + "\n") + annotate_line + "\n", tmp_path)
     wait_for(
         "no copies left",
         lambda: cluster.get("secrets", "-A", "-l", COPY_LABEL)["items"] == [],
-        seconds=LICENSE_RESYNC_SECONDS + 60,
+        seconds=LICENSE_RESYNC_SECONDS / 3,
     )
+    assert any(line.startswith("helm uninstall") for line in block)
     cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=180s")
     assert cluster.get("gpuclass", "l40s") is not None
     labelled = cluster.get(RELEASE_KINDS, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")
