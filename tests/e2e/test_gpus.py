@@ -41,7 +41,7 @@ TENANT = "tenant-gpus"  # where the VMs' pods run
 ENTITLED = "tenant-entitled"  # entitled by licensed_setup
 LAUNCHER = {"kubevirt.io": "virt-launcher"}  # the chart's pod selector
 NODE_GONE_SECONDS = 180  # kube-controller-manager's grace for a silent kubelet, and the sync
-HOLD_SECONDS = 30  # how long a deleted pod's preStop keeps it terminating
+HOLD_SECONDS = 45  # how long a deleted pod's preStop keeps it terminating
 
 
 # --- the class as each reader shows it --------------------------------------------------------
@@ -64,7 +64,7 @@ def listed(cluster: Cluster, name: str) -> Shown | None:
     return Shown(int(columns[2]), int(columns[3]), columns[4])
 
 
-def scrape(cluster: Cluster, address: str, port: int) -> str:
+def scrape(cluster: Cluster, address: str, port: int) -> str | None:
     """GET /metrics of one pod as the ServiceMonitor sends it: TLS verified against the release's
     CA for the Service's name, with the hooks' bearer token."""
     tls = cluster.secret_data(NAMESPACE, f"{RELEASE}-tls") or {}
@@ -82,8 +82,7 @@ def scrape(cluster: Cluster, address: str, port: int) -> str:
         tls_socket.sendall(request.encode())
         received = b"".join(iter(lambda: tls_socket.recv(65536), b""))
     head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head[:200]
-    return body.decode()
+    return body.decode() if head.startswith(b"HTTP/1.1 200") else None  # None: a pod stopping
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,9 @@ def exported(cluster: Cluster, name: str) -> Exported | None:
             try:
                 text = scrape(cluster, endpoint["addresses"][0], port)
             except OSError:
-                return None  # a pod ending between the listing and the scrape
+                text = None
+            if text is None:
+                return None  # a pod ending between the listing and the scrape: ask again
             sample = one_class(text, name)
             if sample is not None and (freshest is None or sample.synced_at > freshest.synced_at):
                 freshest = sample
