@@ -5,6 +5,7 @@ generated cluster, whose GPU quantities are plain integers)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -45,13 +46,16 @@ def _effective(pod: dict[str, Any], resource: str) -> int:
     return max(app, peak) + int(spec.get("overhead", {}).get(resource, 0))
 
 
-def free_units(body: bytes) -> tuple[int, int]:
-    request = json.loads(body)
-    spec = request["parent"]["spec"]
-    resource, tolerations = spec["resourceName"], spec.get("tolerations", [])
-    related = request["related"]
+def free_by_node(
+    nodes: Iterable[dict[str, Any]],
+    pods: Iterable[dict[str, Any]],
+    resource: str,
+    tolerations: list[dict[str, Any]],
+) -> dict[str, int]:
+    """Each eligible node's units of the resource not requested by its pods (negative when
+    over-committed)."""
     free: dict[str, int] = {}
-    for node in related["Node.v1"].values():
+    for node in nodes:
         status = node.get("status", {})
         if resource not in status.get("allocatable", {}):
             continue
@@ -64,9 +68,22 @@ def free_units(body: bytes) -> tuple[int, int]:
         tolerated = all(any(_tolerates(t, taint) for t in tolerations) for taint in taints)
         if ready and not node["spec"].get("unschedulable") and tolerated:
             free[node["metadata"]["name"]] = int(status["allocatable"][resource])
-    for pod in related["Pod.v1"].values():
+    for pod in pods:
         name = pod["spec"].get("nodeName")
         if name in free and pod["status"].get("phase") not in ("Succeeded", "Failed"):
             free[name] -= _effective(pod, resource)
+    return free
+
+
+def free_units(body: bytes) -> tuple[int, int]:
+    request = json.loads(body)
+    spec = request["parent"]["spec"]
+    related = request["related"]
+    free = free_by_node(
+        related["Node.v1"].values(),
+        related["Pod.v1"].values(),
+        spec["resourceName"],
+        spec.get("tolerations", []),
+    )
     per_node = [max(units, 0) for units in free.values()]
     return sum(per_node), max(per_node, default=0)

@@ -41,7 +41,7 @@ import requests
 
 from bench.cluster import generate, status_sync_body
 from bench.deadlines import TOKEN, tls_settings
-from bench.run import Server, process_tree, serve
+from bench.run import Server, cpu_seconds, process_tree, serve
 from hooks.serving.edge import SOCKET_BYTES, TLS_BYTES
 
 HEAD_SECONDS = 10.0
@@ -319,17 +319,6 @@ def timed_calls(
     return calls, probes
 
 
-def cpu_seconds(server: Server) -> float:
-    """CPU time of the service's processes (worker, fork server, children), from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in process_tree(server.master.pid):
-        with suppress(OSError, IndexError, ValueError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
-
-
 def gauge(scrape: str, name: str) -> float:
     for line in scrape.splitlines():
         if line.startswith(name + " "):
@@ -459,13 +448,16 @@ def hostile_clients(api: str) -> int:
                 open_at_start = dict(attack.counts)
                 churned = attack.churned
                 started = time.monotonic()
-                cpu_before = cpu_seconds(server), resource.getrusage(resource.RUSAGE_SELF)
+                cpu_before = (
+                    cpu_seconds(server.master.pid),
+                    resource.getrusage(resource.RUSAGE_SELF),
+                )
                 calls, probes = timed_calls(
                     server.url, server.health, verify, time.monotonic() + ATTACK_SECONDS, failures
                 )
                 took = time.monotonic() - started
                 churn_rate = (attack.churned - churned) / took
-                cpu_after = cpu_seconds(server), resource.getrusage(resource.RUSAGE_SELF)
+                cpu_after = cpu_seconds(server.master.pid), resource.getrusage(resource.RUSAGE_SELF)
             scrape = scrapes.last
             attack.stop()
     shown = ("cozystack_gpu_hook_connections", "cozystack_gpu_hook_listen_overflows")

@@ -13,19 +13,38 @@ controllers pointed at `gpuclass-hooks serve` on loopback, then runs Metacontrol
 (built by `make tools` into the tools cache) until every class has its status and every GPU
 budget pool its report, and reports its resident memory then (VmRSS), its peak (VmHWM) and its
 Go heap in use. BENCH_HEAP_PROFILE=<file> also saves the heap profile (`go tool pprof -top <file>`).
+
+    python -m bench.metacontroller --sizes S --go-env GOMEMLIMIT=700MiB --go-env GOGC=50
+    python -m bench.metacontroller --sizes S --churn-seconds 180 --rate 1
+
+`--go-env` adds a run of Metacontroller with that environment beside the default one, on the same
+stored cluster (the reports and statuses the previous run wrote are removed first), so that the
+Go runtime's settings are compared in one run. `--churn-seconds` follows each settled run with a
+quiet minute and then the churn a hoster's cluster sees, `--rate` changes a second, in turn: a
+VMInstance created in a bounded pool, the devices of the last one changed (a values update), a
+status written on a release as Flux does, and a VM's pod bound to a GPU node or deleted. For the
+quiet minute and the churn it reports the CPU of the hooks, Metacontroller and kube-apiserver per
+second, the bytes each hook received per second, and how long each change took to show: in its
+pool's `gpu-budget` report, or in the classes' `free`. The service runs with the settings the
+chart gives it (its selectors decide what Metacontroller sends) and reads KubeVirt from the API
+server.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +52,14 @@ import requests
 import yaml
 
 from bench import report
-from bench.cluster import SIZES, generate
+from bench.cluster import GPU_RESOURCES, SIZES, Cluster, generate
+from bench.common import free_by_node
+from bench.run import cpu_seconds
+from hooks.controllers.budget_report import REPORT_LABEL
+from hooks.rules.license import COPY_LABEL
 from tests.chart import PLAIN, render
-from tests.controlplane import ControlPlane, binary, control_plane, manifests
+from tests.controlplane import ADMIN_TOKEN, ControlPlane, binary, control_plane, manifests
+from tests.fake_apiserver import kubevirt_cr
 from tests.live import free_port, live_server
 
 ROOT = Path(__file__).parent.parent
@@ -46,7 +70,22 @@ SECRET_BYTES = 4096
 TENANT_NAMESPACES = 100
 # The tenancy per size: top-level tenants (each with nine sub-tenants) and apps per tenant.
 RELEASES = {"S": (10, 10), "M": (100, 10), "L": (100, 50)}
-HEADER = "size  nodes   pods  secrets  releases  stored MB  rss MiB  peak MiB  heap MiB  synced s"
+HEADER = (
+    "size  go env                     nodes   pods  secrets  releases  stored MB  rss MiB  peak MiB"
+    "  heap MiB  synced s"
+)
+CHURN_HEADER = (
+    "size  go env                     phase   changes  hooks cpu/s  mc cpu/s  api cpu/s"
+    "  status KB/s  license KB/s  report KB/s  report shown s p50/p90/max"
+    "  status shown s p50/p90/max  mc peak MiB"
+)
+QUIET_SECONDS = 60
+SHOW_SECONDS = 120  # a change not shown by then is counted as not shown
+HOOK_ROUTES = {
+    "status": "/status/sync",
+    "license": "/license/sync",
+    "report": "/budget-report/sync",
+}
 
 
 def stored(obj: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +121,17 @@ def create_with_status(plane: ControlPlane, collection: str, obj: dict[str, Any]
     return len(json.dumps(obj))
 
 
+def create_node(plane: ControlPlane, node: dict[str, Any]) -> int:
+    """A node as its kubelet and kube-controller-manager leave it: the API server taints a new
+    node not-ready until the node lifecycle controller, which does not run here, lifts it."""
+    stored_bytes = create_with_status(plane, "/api/v1/nodes", node)
+    path = f"/api/v1/nodes/{node['metadata']['name']}"
+    taints = {"spec": {"taints": node["spec"].get("taints", [])}}
+    merge = {"Content-Type": "application/merge-patch+json"}
+    plane.request("PATCH", path, taints, headers=merge).raise_for_status()
+    return stored_bytes
+
+
 def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int, int]:
     cluster = generate(size)
     for body in cluster.namespaces.values():
@@ -98,7 +148,7 @@ def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int, int]:
     total = 0
     with ThreadPoolExecutor(8) as pool:
         nodes = [json.loads(n) for n in cluster.nodes.values()]
-        total += sum(pool.map(lambda n: create_with_status(plane, "/api/v1/nodes", n), nodes))
+        total += sum(pool.map(lambda n: create_node(plane, n), nodes))
         pods = [json.loads(p) for p in cluster.pods.values()]
 
         def create_pod(pod: dict[str, Any]) -> int:
@@ -138,10 +188,29 @@ def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int, int]:
     return len(nodes), len(pods), SECRETS[size], len(releases), total
 
 
+def chart() -> list[dict[str, Any]]:
+    return render(*PLAIN, "gpuOperator.variant=vgpu", api_versions=())
+
+
+def service_env(plane: ControlPlane, workdir: Path) -> dict[str, str]:
+    """The settings the chart gives the service (its selectors among them, which decide what
+    Metacontroller sends), and the API server to read KubeVirt from, as the admin."""
+    [deployment] = [d for d in chart() if d["kind"] == "Deployment"]
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"]]
+    token = workdir / "hooks-token"
+    token.write_text(ADMIN_TOKEN)
+    return {
+        **{e["name"]: e["value"] for e in container["env"] if "value" in e},
+        "GPUCLASS_KUBE_API": plane.url,
+        "GPUCLASS_KUBE_TOKEN_FILE": str(token),
+        "GPUCLASS_KUBE_CA_FILE": str(plane.ca_file),
+    }
+
+
 def controllers(hooks_url: str) -> list[dict[str, Any]]:
     """The chart's controllers, their hooks pointed at the service on loopback, and the
     ClusterRole the budget report decorates."""
-    documents = render(*PLAIN, "gpuOperator.variant=vgpu", api_versions=())
+    documents = chart()
     found = [d for d in documents if d["kind"] in ("CompositeController", "DecoratorController")]
     targets = [d for d in documents if d["kind"] == "ClusterRole"]
     for controller in found:
@@ -181,69 +250,381 @@ def synced(plane: ControlPlane, classes: Sequence[str], pools: int) -> bool:
     return len(reports.get("items", [])) == pools
 
 
-def measure(size: str, workdir: Path) -> str:
-    metacontroller = binary("metacontroller")  # the tools cache, on PATH (make tools)
+@dataclass(frozen=True)
+class Settled:
+    rss: float
+    peak: float
+    heap: float
+    took: float
+
+
+def reset(plane: ControlPlane, classes: Sequence[str]) -> None:
+    """What a Metacontroller run writes, removed, so that the next run syncs from nothing."""
+    for name in classes:
+        plane.request(
+            "PATCH",
+            f"/apis/cozystack.io/v1alpha1/gpuclasses/{name}/status",
+            {"status": None},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+    for kind, label in (("configmaps", REPORT_LABEL), ("secrets", COPY_LABEL)):
+        listed = plane.request("GET", f"/api/v1/{kind}", params={"labelSelector": f"{label}=true"})
+        for item in listed.json().get("items", []):
+            meta = item["metadata"]
+            plane.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/{kind}/{meta['name']}")
+
+
+def run_metacontroller(
+    plane: ControlPlane, workdir: Path, go_env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    metrics_port, pprof_port = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), **go_env}
+    log = (workdir / "metacontroller.log").open("ab")
+    process = subprocess.Popen(
+        [
+            binary("metacontroller"),  # the tools cache, on PATH (make tools)
+            f"--metrics-address=127.0.0.1:{metrics_port}",
+            f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+            "--discovery-interval=5s",
+            f"--pprof-address=127.0.0.1:{pprof_port}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return process, metrics_port, pprof_port
+
+
+def settle(
+    plane: ControlPlane,
+    workdir: Path,
+    process: subprocess.Popen[bytes],
+    ports: tuple[int, int],
+    classes: Sequence[str],
+    pools: int,
+) -> Settled:
+    started = time.monotonic()
+    while not synced(plane, classes, pools):
+        if process.poll() is not None or time.monotonic() - started > 900:
+            raise RuntimeError((workdir / "metacontroller.log").read_text()[-3000:])
+        time.sleep(1)
+    took = time.monotonic() - started
+    time.sleep(10)  # a few resyncs, so that the caches and the sync buffers are warm
+    rss, peak = memory(process.pid)
+    heap = go_heap_mib(ports[0])
+    if os.environ.get("BENCH_HEAP_PROFILE"):
+        heap_url = f"http://127.0.0.1:{ports[1]}/debug/pprof/heap"
+        profile = requests.get(heap_url, timeout=30).content
+        Path(os.environ["BENCH_HEAP_PROFILE"]).write_bytes(profile)
+    return Settled(rss, peak, heap, took)
+
+
+def measure(
+    size: str, workdir: Path, go_envs: Sequence[dict[str, str]], churn_seconds: float, rate: float
+) -> tuple[list[str], list[str]]:
+    settled_rows: list[str] = []
+    churn_rows: list[str] = []
     with control_plane(workdir) as plane:
         plane.apply(*manifests("metacontroller-crds.yaml"), *manifests("cozystack-crds.yaml"))
         plane.apply(
             yaml.safe_load((ROOT / "metacontroller/files/gpuclasses.cozystack.io.yaml").read_text())
         )
+        plane.apply(*manifests("kubevirt-crd.yaml"))
         plane.wait_established("gpuclasses.cozystack.io")
         plane.wait_established("helmreleases.helm.toolkit.fluxcd.io")
+        plane.wait_established("kubevirts.kubevirt.io")
+        plane.namespace("cozy-kubevirt")
+        plane.apply(kubevirt_cr(*GPU_RESOURCES))
         nodes, pods, secrets, releases, stored_bytes = populate(plane, size)
         top_level, _ = RELEASES[size]
         pools = top_level * (1 + report.SUB_TENANTS // 2)
-        with live_server({}, workdir) as hooks:
+        classes = list(generate(size).classes)
+        with live_server(service_env(plane, workdir), workdir) as hooks:
             plane.apply(*controllers(hooks.url))
-            env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-            log = (workdir / "metacontroller.log").open("wb")
-            started = time.monotonic()
-            metrics_port, pprof_port = free_port(), free_port()
-            process = subprocess.Popen(
-                [
-                    metacontroller,
-                    f"--metrics-address=127.0.0.1:{metrics_port}",
-                    f"--health-probe-bind-address=127.0.0.1:{free_port()}",
-                    "--discovery-interval=5s",
-                    f"--pprof-address=127.0.0.1:{pprof_port}",
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                classes = list(generate(size).classes)
-                while not synced(plane, classes, pools):
-                    if process.poll() is not None or time.monotonic() - started > 600:
-                        raise RuntimeError((workdir / "metacontroller.log").read_text()[-3000:])
-                    time.sleep(1)
-                took = time.monotonic() - started
-                time.sleep(10)  # a few resyncs, so that the caches and the sync buffers are warm
-                rss, peak = memory(process.pid)
-                heap = go_heap_mib(metrics_port)
-                if os.environ.get("BENCH_HEAP_PROFILE"):
-                    heap_url = f"http://127.0.0.1:{pprof_port}/debug/pprof/heap"
-                    profile = requests.get(heap_url, timeout=30).content
-                    Path(os.environ["BENCH_HEAP_PROFILE"]).write_bytes(profile)
-            finally:
-                process.terminate()
-                process.wait(timeout=30)
+            apiserver = apiserver_pid(workdir)
+            for go_env in go_envs:
+                label = ",".join(f"{k}={v}" for k, v in go_env.items()) or "(none)"
+                reset(plane, classes)
+                process, metrics_port, pprof_port = run_metacontroller(plane, workdir, go_env)
+                try:
+                    ports = (metrics_port, pprof_port)
+                    found = settle(plane, workdir, process, ports, classes, pools)
+                    settled_rows.append(
+                        f"{size:<6}{label:<25}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}"
+                        f"{stored_bytes / 1e6:>11.0f}{found.rss:>9.0f}{found.peak:>10.0f}"
+                        f"{found.heap:>10.0f}{found.took:>10.0f}"
+                    )
+                    print(settled_rows[-1], flush=True)
+                    if churn_seconds:
+                        meters = Meters(hooks.metrics, hooks.process.pid, process.pid, apiserver)
+                        quiet = meters.over(functools.partial(time.sleep, QUIET_SECONDS))
+                        churn = Churn(plane, size, rate, tag=str(len(settled_rows)))
+                        churned = meters.over(functools.partial(churn.run, churn_seconds))
+                        for phase, figures, shown in (
+                            ("quiet", quiet, None),
+                            ("churn", churned, churn),
+                        ):
+                            churn_rows.append(
+                                churn_row(size, label, phase, figures, shown, process.pid)
+                            )
+                            print(churn_rows[-1], flush=True)
+                finally:
+                    process.terminate()
+                    process.wait(timeout=30)
+    return settled_rows, churn_rows
+
+
+def apiserver_pid(workdir: Path) -> int:
+    """The control plane's kube-apiserver: the one whose certificates are in workdir."""
+    marker = f"--cert-dir={workdir / 'certs'}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes().split(b"\0"):
+                    return int(entry.name)
+    raise RuntimeError("no kube-apiserver of this control plane")
+
+
+@dataclass(frozen=True)
+class Figures:
+    seconds: float
+    hooks_cpu: float
+    metacontroller_cpu: float
+    apiserver_cpu: float
+    route_bytes: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Meters:
+    hooks_metrics: str
+    hooks_pid: int
+    metacontroller_pid: int
+    apiserver_pid: int
+
+    def body_bytes(self) -> dict[str, float]:
+        text = requests.get(self.hooks_metrics + "/metrics", timeout=10).text
+        sums = dict.fromkeys(HOOK_ROUTES, 0.0)
+        for line in text.splitlines():
+            if line.startswith("cozystack_gpu_hook_request_body_bytes_sum{"):
+                for name, route in HOOK_ROUTES.items():
+                    if f'route="{route}"' in line:
+                        sums[name] += float(line.rsplit(" ", 1)[1])
+        return sums
+
+    def cpu(self) -> tuple[float, float, float]:
+        return (
+            cpu_seconds(self.hooks_pid),
+            cpu_seconds(self.metacontroller_pid),
+            cpu_seconds(self.apiserver_pid),
+        )
+
+    def over(self, phase: Callable[[], Any]) -> Figures:
+        cpu_before, bytes_before = self.cpu(), self.body_bytes()
+        started = time.monotonic()
+        phase()
+        took = time.monotonic() - started
+        cpu_after, bytes_after = self.cpu(), self.body_bytes()
+        used = [
+            (after - before) / took for before, after in zip(cpu_before, cpu_after, strict=True)
+        ]
+        route_bytes = {k: (bytes_after[k] - bytes_before[k]) / took for k in HOOK_ROUTES}
+        return Figures(took, used[0], used[1], used[2], route_bytes)
+
+
+class Churn:
+    """A hoster's steady churn, one change every 1/rate seconds, in turn: a VMInstance created
+    in a bounded pool, the devices of the last one changed, a Flux-like status write on a
+    release, a VM's pod bound to a GPU node or deleted. The first two and the last are timed
+    until they show (the pool's report, the classes' free)."""
+
+    KINDS = ("create", "values", "flux-status", "pod")
+
+    def __init__(self, plane: ControlPlane, size: str, rate: float, tag: str) -> None:
+        self.plane, self.rate, self.tag = plane, rate, tag
+        self.top_level, _ = RELEASES[size]
+        cluster = generate(size)
+        self.room = room_for_one(cluster)
+        self.classes = list(cluster.classes)
+        self.releases = sorted(report.tenancy(RELEASES[size][1], self.top_level))
+        self.made: dict[str, int] = dict.fromkeys(self.KINDS, 0)
+        self.report_shown: list[float | None] = []
+        self.status_shown: list[float | None] = []
+        self._last_vm: tuple[str, str] | None = None
+        self._bound: list[str] = []
+
+    def run(self, seconds: float) -> None:
+        watchers = ThreadPoolExecutor(16)
+        started = time.monotonic()
+        count = 0
+        while time.monotonic() - started < seconds:
+            kind = self.KINDS[count % len(self.KINDS)]
+            watch = getattr(self, "_" + kind.replace("-", "_"))(count)
+            self.made[kind] += 1
+            if watch is not None:
+                watchers.submit(self._time_until, *watch)
+            count += 1
+            time.sleep(max(0.0, started + count / self.rate - time.monotonic()))
+        watchers.shutdown(wait=True)
+        while self._bound:  # the cluster as it was, for the next run
+            self._pod(0)
+
+    def _time_until(
+        self, into: list[float | None], changed: Callable[[], bool], since: float
+    ) -> None:
+        while time.monotonic() - since < SHOW_SECONDS:
+            if changed():
+                into.append(time.monotonic() - since)
+                return
+            time.sleep(0.25)
+        into.append(None)
+
+    def _report_of(self, namespace: str) -> Callable[[], Any]:
+        path = f"/api/v1/namespaces/{namespace}/configmaps/gpu-budget"
+        return lambda: self.plane.request("GET", path).json().get("data")
+
+    def _create(self, count: int) -> tuple[list[float | None], Callable[[], bool], float]:
+        namespace = f"tenant-t{count // 4 % self.top_level:03d}-s1"  # a bounded sub-tenant
+        name = f"churn-{self.tag}-{count}"
+        body = report.release(
+            "VMInstance", namespace, name, {"gpus": [{"name": GPU_RESOURCES[0]}]}, 10**6 + count
+        )
+        before = self._report_of(namespace)()
+        since = time.monotonic()
+        collection = f"/apis/helm.toolkit.fluxcd.io/v2/namespaces/{namespace}/helmreleases"
+        self.plane.request("POST", collection, stored(body)).raise_for_status()
+        self._last_vm = (namespace, body["metadata"]["name"])
+        return self.report_shown, lambda: self._report_of(namespace)() != before, since
+
+    def _values(self, count: int) -> tuple[list[float | None], Callable[[], bool], float] | None:
+        if self._last_vm is None:
+            return None
+        namespace, name = self._last_vm
+        before = self._report_of(namespace)()
+        since = time.monotonic()
+        path = f"/apis/helm.toolkit.fluxcd.io/v2/namespaces/{namespace}/helmreleases/{name}"
+        gpus = [{"name": GPU_RESOURCES[0]}] * 2
+        patch = {"spec": {"values": {"gpus": gpus}}}
+        self.plane.request(
+            "PATCH", path, patch, headers={"Content-Type": "application/merge-patch+json"}
+        ).raise_for_status()
+        return self.report_shown, lambda: self._report_of(namespace)() != before, since
+
+    def _flux_status(self, count: int) -> None:
+        key = self.releases[count * 7919 % len(self.releases)]
+        namespace, name = key.split("/", 1)
+        path = f"/apis/helm.toolkit.fluxcd.io/v2/namespaces/{namespace}/helmreleases/{name}"
+        patch = {"status": {"lastHandledReconcileAt": f"churn-{count}", "observedGeneration": 3}}
+        self.plane.request(
+            "PATCH", path, patch, headers={"Content-Type": "application/merge-patch+json"}
+        ).raise_for_status()
+
+    def _free(self) -> list[int]:
+        got = self.plane.request("GET", "/apis/cozystack.io/v1alpha1/gpuclasses").json()
+        return [item.get("status", {}).get("free", -1) for item in got["items"]]
+
+    def _pod(self, count: int) -> tuple[list[float | None], Callable[[], bool], float]:
+        """A VM's pod bound to a node with room, taking one unit; the next time, deleted."""
+        before = self._free()
+        since = time.monotonic()
+        collection = "/api/v1/namespaces/tenant-00/pods"
+        if self._bound:
+            name = self._bound.pop()
+            self.plane.request("DELETE", f"{collection}/{name}", {"gracePeriodSeconds": 0})
+        else:
+            node, resource = self.room
+            name = f"churn-{self.tag}-{count}"
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "labels": {"kubevirt.io": "virt-launcher"}},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {
+                            "name": "compute",
+                            "image": "virt-launcher",
+                            "resources": {"limits": {resource: "1"}},
+                        }
+                    ],
+                },
+                "status": {"phase": "Running"},
+            }
+            create_with_status(self.plane, collection, pod)
+            self._bound.append(name)
+        return self.status_shown, lambda: self._free() != before, since
+
+
+def room_for_one(cluster: Cluster) -> tuple[str, str]:
+    """A node with a unit of a class's resource free, and the resource: a pod bound there
+    requesting one changes the class's `free` (on a full node it would change nothing)."""
+    nodes = [json.loads(body) for body in cluster.nodes.values()]
+    pods = [json.loads(body) for body in cluster.pods.values()]
+    for body in cluster.classes.values():
+        spec = json.loads(body)["spec"]
+        free = free_by_node(nodes, pods, spec["resourceName"], spec.get("tolerations", []))
+        for node, units in sorted(free.items()):
+            if units >= 1:
+                return node, spec["resourceName"]
+    raise RuntimeError("no node has a unit free")
+
+
+def percentiles(shown: list[float | None]) -> str:
+    seen = sorted(s for s in shown if s is not None)
+    missed = len(shown) - len(seen)
+    if not seen:
+        return f"- ({missed} not shown)" if missed else "-"
+    tenth = seen[min(len(seen) - 1, int(len(seen) * 0.9))]
+    text = f"{statistics.median(seen):.1f}/{tenth:.1f}/{seen[-1]:.1f}"
+    return text + (f" ({missed} not shown)" if missed else "")
+
+
+def churn_row(
+    size: str, label: str, phase: str, figures: Figures, churn: Churn | None, pid: int
+) -> str:
+    changes = sum(churn.made.values()) if churn else 0
+    kib = {k: v / 1024 for k, v in figures.route_bytes.items()}
+    shown_report = percentiles(churn.report_shown) if churn else "-"
+    shown_status = percentiles(churn.status_shown) if churn else "-"
+    _, peak = memory(pid)
     return (
-        f"{size:<4}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}{stored_bytes / 1e6:>11.0f}"
-        f"{rss:>9.0f}{peak:>10.0f}{heap:>10.0f}{took:>10.0f}"
+        f"{size:<6}{label:<25}{phase:<8}{changes:>8}{figures.hooks_cpu:>13.3f}"
+        f"{figures.metacontroller_cpu:>10.3f}{figures.apiserver_cpu:>11.3f}{kib['status']:>13.0f}"
+        f"{kib['license']:>14.0f}{kib['report']:>13.0f}  {shown_report:>27}  {shown_status:>27}"
+        f"{peak:>13.0f}"
     )
+
+
+def go_env(text: str) -> dict[str, str]:
+    """NAME=VALUE[,NAME=VALUE]"""
+    pairs = [item.split("=", 1) for item in text.split(",")]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--go-env {text}: want NAME=VALUE[,NAME=VALUE]")
+    return {name: value for name, value in pairs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="S,M")
+    parser.add_argument(
+        "--go-env", action="append", default=[], help="NAME=VALUE[,NAME=VALUE]: one more run"
+    )
+    parser.add_argument("--churn-seconds", type=float, default=0.0)
+    parser.add_argument("--rate", type=float, default=1.0, help="changes a second under churn")
     args = parser.parse_args(argv)
+    go_envs = [{}, *(go_env(text) for text in args.go_env)]
+    settled_rows: list[str] = []
+    churn_rows: list[str] = []
     print(HEADER, flush=True)
     for size in args.sizes.split(","):
         if size not in SIZES:
             raise SystemExit(f"unknown size {size}: one of {', '.join(SIZES)}")
         with tempfile.TemporaryDirectory() as tmp:
-            print(measure(size, Path(tmp)), flush=True)
+            rows = measure(size, Path(tmp), go_envs, args.churn_seconds, args.rate)
+        settled_rows += rows[0]
+        churn_rows += rows[1]
+    print("\n".join([HEADER, *settled_rows]))
+    if churn_rows:
+        print("\n".join([CHURN_HEADER, *churn_rows]))
     return 0
 
 
