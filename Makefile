@@ -90,8 +90,10 @@ bench-admission: $(BIN)/gpuclass-hooks tools
 
 # Metacontroller's memory with the chart's controllers on generated clusters (docs/cozystack.md):
 # its informers hold every Node, Pod, Namespace and Secret. Needs `bash testenv/build.sh cluster`.
+# ARGS='--go-env GOMEMLIMIT=2GiB' adds a run with that Go environment; ARGS='--churn-seconds 120'
+# follows each with a quiet minute and a steady churn (docs/scale.md).
 bench-metacontroller: $(BIN)/gpuclass-hooks tools
-	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.metacontroller --sizes $(SIZES)
+	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.metacontroller --sizes $(SIZES) $(ARGS)
 
 # Each patch under mutation/bugs/ puts back a bug; make unit must fail on every one (a few
 # minutes; not in CI). NAMES='a b' checks only those patches.

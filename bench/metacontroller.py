@@ -81,6 +81,8 @@ CHURN_HEADER = (
 )
 QUIET_SECONDS = 60
 SHOW_SECONDS = 120  # a change not shown by then is counted as not shown
+# The churn's changes, taken in turn (--kinds).
+KINDS = ("create", "values", "flux-status", "pod")
 HOOK_ROUTES = {
     "status": "/status/sync",
     "license": "/license/sync",
@@ -320,7 +322,12 @@ def settle(
 
 
 def measure(
-    size: str, workdir: Path, go_envs: Sequence[dict[str, str]], churn_seconds: float, rate: float
+    size: str,
+    workdir: Path,
+    go_envs: Sequence[dict[str, str]],
+    churn_seconds: float,
+    rate: float,
+    kinds: Sequence[str] = KINDS,
 ) -> tuple[list[str], list[str]]:
     settled_rows: list[str] = []
     churn_rows: list[str] = []
@@ -358,7 +365,7 @@ def measure(
                     if churn_seconds:
                         meters = Meters(hooks.metrics, hooks.process.pid, process.pid, apiserver)
                         quiet = meters.over(functools.partial(time.sleep, QUIET_SECONDS))
-                        churn = Churn(plane, size, rate, tag=str(len(settled_rows)))
+                        churn = Churn(plane, size, rate, str(len(settled_rows)), kinds)
                         churned = meters.over(functools.partial(churn.run, churn_seconds))
                         for phase, figures, shown in (
                             ("quiet", quiet, None),
@@ -437,16 +444,16 @@ class Churn:
     release, a VM's pod bound to a GPU node or deleted. The first two and the last are timed
     until they show (the pool's report, the classes' free)."""
 
-    KINDS = ("create", "values", "flux-status", "pod")
-
-    def __init__(self, plane: ControlPlane, size: str, rate: float, tag: str) -> None:
-        self.plane, self.rate, self.tag = plane, rate, tag
+    def __init__(
+        self, plane: ControlPlane, size: str, rate: float, tag: str, kinds: Sequence[str] = KINDS
+    ) -> None:
+        self.plane, self.rate, self.tag, self.kinds = plane, rate, tag, tuple(kinds)
         self.top_level, _ = RELEASES[size]
         cluster = generate(size)
         self.room = room_for_one(cluster)
         self.classes = list(cluster.classes)
         self.releases = sorted(report.tenancy(RELEASES[size][1], self.top_level))
-        self.made: dict[str, int] = dict.fromkeys(self.KINDS, 0)
+        self.made: dict[str, int] = dict.fromkeys(self.kinds, 0)
         self.report_shown: list[float | None] = []
         self.status_shown: list[float | None] = []
         self._last_vm: tuple[str, str] | None = None
@@ -457,7 +464,7 @@ class Churn:
         started = time.monotonic()
         count = 0
         while time.monotonic() - started < seconds:
-            kind = self.KINDS[count % len(self.KINDS)]
+            kind = self.kinds[count % len(self.kinds)]
             watch = getattr(self, "_" + kind.replace("-", "_"))(count)
             self.made[kind] += 1
             if watch is not None:
@@ -610,6 +617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--churn-seconds", type=float, default=0.0)
     parser.add_argument("--rate", type=float, default=1.0, help="changes a second under churn")
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="the changes the churn takes in turn"
+    )
     args = parser.parse_args(argv)
     go_envs = [{}, *(go_env(text) for text in args.go_env)]
     settled_rows: list[str] = []
@@ -619,7 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if size not in SIZES:
             raise SystemExit(f"unknown size {size}: one of {', '.join(SIZES)}")
         with tempfile.TemporaryDirectory() as tmp:
-            rows = measure(size, Path(tmp), go_envs, args.churn_seconds, args.rate)
+            kinds = args.kinds.split(",")
+            if not set(kinds) <= set(KINDS):
+                raise SystemExit(f"--kinds: each of {', '.join(KINDS)}")
+            rows = measure(size, Path(tmp), go_envs, args.churn_seconds, args.rate, kinds)
         settled_rows += rows[0]
         churn_rows += rows[1]
     print("\n".join([HEADER, *settled_rows]))
