@@ -14,7 +14,7 @@ controllers pointed at `gpuclass-hooks serve` on loopback, then runs Metacontrol
 budget pool its report, and reports its resident memory then (VmRSS), its peak (VmHWM) and its
 Go heap in use. BENCH_HEAP_PROFILE=<file> also saves the heap profile (`go tool pprof -top <file>`).
 
-    python -m bench.metacontroller --sizes S --go-env GOMEMLIMIT=700MiB --go-env GOGC=50
+    python -m bench.metacontroller --sizes M --go-env GOMEMLIMIT=2GiB --go-env GOGC=50
     python -m bench.metacontroller --sizes S --churn-seconds 180 --rate 1
 
 `--go-env` adds a run of Metacontroller with that environment beside the default one, on the same
