@@ -64,12 +64,9 @@ def listed(cluster: Cluster, name: str) -> Shown | None:
     return Shown(int(columns[2]), int(columns[3]), columns[4])
 
 
-def scrape(cluster: Cluster, address: str, port: int) -> str | None:
+def scrape(context: ssl.SSLContext, token: str, address: str, port: int) -> str | None:
     """GET /metrics of one pod as the ServiceMonitor sends it: TLS verified against the release's
     CA for the Service's name, with the hooks' bearer token."""
-    tls = cluster.secret_data(NAMESPACE, f"{RELEASE}-tls") or {}
-    token = (cluster.secret_data(NAMESPACE, f"{RELEASE}-hook-token") or {})["token"].decode()
-    context = ssl.create_default_context(cadata=tls["ca.crt"].decode())
     request = (
         f"GET /metrics HTTP/1.1\r\nHost: {address}:{port}\r\nAuthorization: Bearer {token}\r\n"
         "Connection: close\r\n\r\n"
@@ -98,6 +95,9 @@ def exported(cluster: Cluster, name: str) -> Exported | None:
     slices = cluster.get(
         "endpointslices", "-n", NAMESPACE, "-l", f"kubernetes.io/service-name={RELEASE}"
     )
+    tls = cluster.secret_data(NAMESPACE, f"{RELEASE}-tls") or {}
+    token = (cluster.secret_data(NAMESPACE, f"{RELEASE}-hook-token") or {})["token"].decode()
+    context = ssl.create_default_context(cadata=tls["ca.crt"].decode())
     freshest: Exported | None = None
     for item in (slices or {"items": []})["items"]:
         [port] = [p["port"] for p in item["ports"] if p["name"] == "metrics"]
@@ -105,7 +105,7 @@ def exported(cluster: Cluster, name: str) -> Exported | None:
             if not endpoint["conditions"].get("ready"):
                 continue
             try:
-                text = scrape(cluster, endpoint["addresses"][0], port)
+                text = scrape(context, token, endpoint["addresses"][0], port)
             except OSError:
                 text = None
             if text is None:
