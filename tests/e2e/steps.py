@@ -80,7 +80,12 @@ def remove_release(cluster: Cluster) -> None:
 
 
 def helm_test(cluster: Cluster) -> str:
-    done = cluster.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout=180s")
+    """`helm test`'s output; when it fails, with the check's own lines, so that the failure says
+    what the pod saw (a passed test's pod is deleted, so `helm test --logs` cannot be used)."""
+    done = cluster.helm("test", RELEASE, "--namespace", NAMESPACE, "--timeout=180s", check=False)
+    if done.returncode != 0:
+        pod = cluster.kubectl("logs", f"{RELEASE}-test", "--namespace", NAMESPACE, check=False)
+        raise AssertionError(f"helm test failed:\n{done.stdout}{done.stderr}\n{pod.stdout}")
     return done.stdout
 
 
