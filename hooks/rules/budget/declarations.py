@@ -9,7 +9,6 @@ from itertools import chain
 
 from hooks.rules.budget.keys import CLASS_KEY_SUFFIX, TOTAL_KEY, in_gpu_domain, is_budget_key
 from hooks.rules.budget.pools import FailedClosed, Pools, claim_conflict
-from hooks.rules.budget.reservations import reservation
 from hooks.rules.budget.tenancy import App, Tenant, parent_namespace
 from hooks.rules.budget.verdicts import Verdict, decided, first_denial
 from hooks.rules.classes import ClassIdentity
@@ -168,7 +167,7 @@ def no_unmapped_devices_under_a_new_bound(review: DeclarationReview) -> Verdict 
         return None
     own, pools = review.own, review.pools
     pools.require_readable(own)
-    unmapped = {app: reservation(app, review.classes).unmapped for app in pools.members(own)}
+    unmapped = {app: pools.held(app, review.classes).unmapped for app in pools.members(own)}
     holders = {app: resources for app, resources in unmapped.items() if resources}
     if not holders:
         return None

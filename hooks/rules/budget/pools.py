@@ -3,11 +3,12 @@ carve-outs and budgets, and what their arithmetic needs readable."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from hooks.rules.budget.keys import is_budget_key
-from hooks.rules.budget.reservations import reservation
+from hooks.rules.budget.reservations import Reservation, classes_by_resource, reservation
 from hooks.rules.budget.tenancy import App, Tenant, owner_of, parent_namespace
 from hooks.rules.classes import ClassIdentity
 
@@ -47,6 +48,9 @@ class Pools:
         self._roots: dict[str | None, str | None] = {}
         self._members: dict[str | None, list[App]] | None = None
         self._carving: dict[str | None, dict[str, Tenant]] | None = None
+        self._held: dict[int, Reservation] = {}
+        self._reserved: dict[str, Counter[str]] = {}
+        self._held_under: tuple[ClassIdentity, ...] | None = None
 
     def root(self, namespace: str | None) -> str | None:
         if namespace not in self._roots:
@@ -85,8 +89,29 @@ class Pools:
                 self._members.setdefault(self.root(app.namespace), []).append(app)
         return list(self._members.get(root, []))
 
+    def _under(self, classes: tuple[ClassIdentity, ...]) -> None:
+        """Each app's reservation under these classes, worked out once: every key of every pool
+        reads it (the same tuple throughout a verdict or a report)."""
+        if classes is not self._held_under:
+            owners = classes_by_resource(classes)
+            self._held = {id(a): reservation(a, owners) for a in self.apps}
+            self._reserved = {}
+            self._held_under = classes
+
+    def held(self, app: App, classes: tuple[ClassIdentity, ...]) -> Reservation:
+        """What one of these apps reserves under these classes."""
+        self._under(classes)
+        return self._held[id(app)]
+
     def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
-        return sum(reservation(app, classes).get(key) for app in self.members(root))
+        """What the pool's members reserve of the key, summed once per pool for every key."""
+        self._under(classes)
+        if root not in self._reserved:
+            total: Counter[str] = Counter()
+            for app in self.members(root):
+                total.update(self._held[id(app)].keys)
+            self._reserved[root] = total
+        return self._reserved[root][key]
 
     def key_use(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> KeyUse:
         """The pool's arithmetic for a key it declares, over the apps these pools were built on

@@ -6,8 +6,6 @@ function."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import msgspec
 
 from hooks.rules.budget.keys import quota_problem, tenant_declaration
@@ -83,5 +81,12 @@ def release_object(raw: msgspec.Raw) -> Tenant | App:
         )
     unreadable = f"{where}: {problem}" if problem else None
     spec = values if isinstance(values, AppSpec) else AppSpec()
-    app = app_from(spec, meta.namespace, kind, name or "", unreadable)
-    return replace(app, release=meta.name, values_from=values_from)
+    return app_from(
+        spec,
+        meta.namespace,
+        kind,
+        name or "",
+        unreadable,
+        release=meta.name,
+        values_from=values_from,
+    )

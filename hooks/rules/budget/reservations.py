@@ -13,11 +13,15 @@ from hooks.rules.classes import ClassIdentity, age_key
 DEFAULT_MAX_REPLICAS = 10
 
 
-def class_for_resource(resource: str, classes: Iterable[ClassIdentity]) -> ClassIdentity | None:
-    """The class a `gpus[]` entry maps to: the oldest class with that resourceName, as in the
-    status (creationTimestamp, then name); classes being deleted do not count."""
-    candidates = [c for c in classes if c.resource_name == resource and not c.deleting]
-    return min(candidates, key=age_key, default=None)
+def classes_by_resource(classes: Iterable[ClassIdentity]) -> dict[str, ClassIdentity]:
+    """The class each resource's `gpus[]` entries map to: the oldest class with that
+    resourceName, as in the status (creationTimestamp, then name); classes being deleted do not
+    count."""
+    owners: dict[str, ClassIdentity] = {}
+    for identity in sorted((c for c in classes if not c.deleting), key=age_key):
+        if identity.resource_name is not None:
+            owners.setdefault(identity.resource_name, identity)
+    return owners
 
 
 @dataclass(frozen=True)
@@ -52,20 +56,24 @@ def replicas(app: App) -> int:
     return max(most, app.min_replicas or 0)
 
 
-def reservation(app: App | None, classes: Iterable[ClassIdentity]) -> Reservation:
+def reservation(
+    app: App | None, classes: Iterable[ClassIdentity] | dict[str, ClassIdentity]
+) -> Reservation:
     """Declared sizes, not use: a VM reserves its entries per class (a halted VM too), a worker
-    pool its entries times its size (`replicas`); entries of no class under the total key."""
-    if app is None:
+    pool its entries times its size (`replicas`); entries of no class under the total key.
+    `classes` may be given as `classes_by_resource` made them, to map many apps' entries."""
+    if app is None or not app.gpus:
         return Reservation()
-    classes = tuple(classes)
-    per_class: Counter[str] = Counter()
-    per_resource: Counter[str] = Counter()
+    owners = classes if isinstance(classes, dict) else classes_by_resource(classes)
+    per_class: dict[str, int] = {}
+    per_resource: dict[str, int] = {}
     for resource in app.gpus:
-        owner = class_for_resource(resource, classes)
+        owner = owners.get(resource)
         if owner is None:
-            per_resource[resource] += 1
+            per_resource[resource] = per_resource.get(resource, 0) + 1
         else:
-            per_class[class_key(owner.name)] += 1
+            key = class_key(owner.name)
+            per_class[key] = per_class.get(key, 0) + 1
     times = replicas(app)
     keys = {key: count * times for key, count in per_class.items()}
     unclassed = {

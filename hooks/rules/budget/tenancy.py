@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hooks.wire.cozystack import AppSpec
 from hooks.wire.names import is_dns_label
@@ -160,14 +161,36 @@ class Tenancy:
 
 
 def app_from(
-    spec: AppSpec, namespace: str, kind: str, name: str, unreadable: str | None = None
+    spec: AppSpec,
+    namespace: str,
+    kind: str,
+    name: str,
+    unreadable: str | None = None,
+    *,
+    release: str = "",
+    values_from: bool = False,
 ) -> App:
     """An app from its spec (the object under review) or its HelmRelease's values."""
-    return with_spec(App(namespace, kind, name, unreadable=unreadable), spec)
+    return App(
+        namespace,
+        kind,
+        name,
+        unreadable=unreadable,
+        release=release,
+        values_from=values_from,
+        **_reservation_reads(spec),
+    )
 
 
 def with_spec(app: App, spec: AppSpec) -> App:
     """The app with what another spec reserves (an update's old object: the baseline of growth
     of the app under review)."""
-    gpus = tuple(entry.name for entry in spec.gpus)
-    return replace(app, gpus=gpus, max_replicas=spec.max_replicas, min_replicas=spec.min_replicas)
+    return replace(app, **_reservation_reads(spec))
+
+
+def _reservation_reads(spec: AppSpec) -> dict[str, Any]:
+    return {
+        "gpus": tuple(entry.name for entry in spec.gpus),
+        "max_replicas": spec.max_replicas,
+        "min_replicas": spec.min_replicas,
+    }

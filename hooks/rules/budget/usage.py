@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hooks.rules.budget.pools import FailedClosed, KeyUse, Pools
-from hooks.rules.budget.reservations import reservation
 from hooks.rules.budget.tenancy import Tenancy
 from hooks.rules.classes import ClassIdentity
 
@@ -71,7 +70,7 @@ def budget_usage(tenancy: Tenancy, classes: Iterable[ClassIdentity]) -> tuple[Po
         apps = []
         unclassed: Counter[str] = Counter()
         for app in pools.members(root):
-            held = reservation(app, known)
+            held = pools.held(app, known)
             units = tuple((key, held.get(key)) for key in declared if held.get(key))
             if units:
                 apps.append(AppUse(app.kind, app.namespace, app.name, units))
