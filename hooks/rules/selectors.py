@@ -87,12 +87,13 @@ class RuleError(ValueError):
 
 
 def check_rule(rule: RelatedRule) -> None:
-    """Metacontroller's own refusals: a label selector beside names or a namespace, and a
-    namespace beside a namespace selector."""
-    if rule.label_selector is not None and (rule.names or rule.namespace):
+    """Metacontroller's own refusals (`determineSelectionType`): names beside a label or
+    namespace selector, and a namespace beside a namespace selector. A label selector within one
+    namespace is a rule of its own."""
+    if rule.names and (rule.label_selector is not None or rule.namespace_selector is not None):
         raise RuleError(
-            f"{rule.api_version} {rule.resource}: labelSelector cannot be combined with "
-            "names or namespace"
+            f"{rule.api_version} {rule.resource}: names cannot be combined with "
+            "labelSelector or namespaceSelector"
         )
     if rule.namespace and rule.namespace_selector is not None:
         raise RuleError(

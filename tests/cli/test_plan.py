@@ -16,15 +16,23 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import msgspec
 import pytest
 import yaml
 
 from hooks import cli
 from hooks.cli import offline
+from hooks.controllers import budget_report
 from hooks.rules.selectors import RuleError
 from hooks.serving.app import create_app
 from hooks.settings import Settings
-from hooks.wire.metacontroller import RELATED_KINDS, LabelSelector, RelatedRule, Requirement
+from hooks.wire.metacontroller import (
+    RELATED_KINDS,
+    CustomizeResponse,
+    LabelSelector,
+    RelatedRule,
+    Requirement,
+)
 from tests import ROOT, builders
 
 CLUSTER = ROOT / "examples" / "cluster.yaml"
@@ -153,6 +161,19 @@ def test_a_group_is_sent_for_every_rule_even_when_nothing_matches() -> None:
     assert offline.select_related([rule], inventory()) == {"Secret.v1": {}}
 
 
+def test_a_label_selector_within_one_namespace_selects_there_only() -> None:
+    """Metacontroller v4.17.2 serves it (`selectByNamespaceAndLabels`): the budget report's
+    claimant rules are of this shape."""
+    rule = RelatedRule(
+        api_version="v1",
+        resource="pods",
+        namespace="tenant-a",
+        label_selector=LabelSelector(match_labels={"kubevirt.io": "virt-launcher"}),
+    )
+    selected = offline.select_related([rule], inventory())["Pod.v1"]
+    assert selected and {key.split("/")[0] for key in selected} == {"tenant-a"}
+
+
 @pytest.mark.parametrize(
     ("rule", "message"),
     [
@@ -160,16 +181,13 @@ def test_a_group_is_sent_for_every_rule_even_when_nothing_matches() -> None:
             RelatedRule(
                 api_version="v1", resource="secrets", names=["a"], label_selector=LabelSelector()
             ),
-            "labelSelector cannot be combined with names or namespace",
+            "names cannot be combined with labelSelector or namespaceSelector",
         ),
         (
             RelatedRule(
-                api_version="v1",
-                resource="secrets",
-                namespace="x",
-                label_selector=LabelSelector(match_labels={"a": "b"}),
+                api_version="v1", resource="pods", names=["a"], namespace_selector=LabelSelector()
             ),
-            "labelSelector cannot be combined with names or namespace",
+            "names cannot be combined with labelSelector or namespaceSelector",
         ),
         (
             RelatedRule(
@@ -763,16 +781,14 @@ def test_a_dump_without_classes_plans_nothing(tmp_path: Path) -> None:
     assert "\nNo KubeVirt CR in the input" in result.stdout
 
 
-REPORT_EXAMPLE = json.loads(builders.example_of("/budget-report/sync"))
+TENANCY = ROOT / "examples" / "tenancy.json"
 
 
 def report_dump(tmp_path: Path) -> Path:
-    """The example report request's releases and classes as `kubectl get -o json` dumps them,
-    with a release of another kind the report's selector leaves out."""
-    related = REPORT_EXAMPLE["related"]
+    """The example tenancy (examples/tenancy.json) as `kubectl get -o json` dumps it, with a
+    release of another kind the report's selector leaves out."""
     items = [
-        *related["HelmRelease.helm.toolkit.fluxcd.io/v2"].values(),
-        *related["GPUClass.cozystack.io/v1alpha1"].values(),
+        *json.loads(TENANCY.read_text())["items"],
         builders.helmrelease("Tenant", "tenant-root", "ignored", {})
         | {"metadata": {"name": "redis-cache", "namespace": "tenant-acme", "labels": {}}},
     ]
@@ -781,11 +797,22 @@ def report_dump(tmp_path: Path) -> Path:
     return path
 
 
-def test_the_budgets_plan_shows_are_the_figures_the_live_report_writes(
+def test_the_budgets_plan_shows_are_the_figures_the_live_reports_write(
     tmp_path: Path, settings: Settings
 ) -> None:
-    live = create_app(settings).test_client().post("/budget-report/sync", json=REPORT_EXAMPLE)
-    written = [json.loads(c["data"]["budget.json"]) for c in live.get_json()["attachments"]]
+    """Each tenant namespace's report asked of the live hooks, with what its rules select once
+    the labeller labelled the namespaces (as plan simulates both controllers); the rules are
+    those the live customize gives."""
+    client = create_app(settings).test_client()
+    requests = offline.pool_requests(offline.load([TENANCY], Settings()))
+    written = []
+    for name, body in requests.items():
+        answer = client.post("/budget-pools/customize", json={"parent": body["object"]})
+        rules = msgspec.json.decode(answer.data, type=CustomizeResponse).related_resources
+        assert rules == budget_report.customize(name).related_resources
+        answer = client.post("/budget-pools/sync", json=body).get_json()
+        written += [json.loads(c["data"]["budget.json"]) for c in answer["attachments"]]
+    assert len(written) == 3
     result = run_plan(str(report_dump(tmp_path)), "-o", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["budgets"] == written
