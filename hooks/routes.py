@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from hooks.controllers import budget, budget_report, license, status
+from hooks.controllers import budget, budget_report, license, status, tenant_namespaces
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import ClassComputation, StatusOutcome
@@ -26,11 +26,14 @@ from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
     CustomizeRequest,
+    DecoratorSyncRequest,
     check_report_target,
     decode_composite_sync,
     decode_decorator_sync,
     decode_envelope,
+    decode_namespace,
     decode_report_sync,
+    decode_tenant_namespace_sync,
     encode,
 )
 from hooks.wire.problems import BadRequest
@@ -56,10 +59,11 @@ class BudgetReviewObserved:
 
 @dataclass(frozen=True)
 class BudgetUsageObserved:
-    """A budget report sync as the metrics see it: every GPU budget pool, the whole set (a pool
-    missing from it is gone)."""
+    """A pool report's sync as the metrics see it: the namespace's pool, or none (a pool that was
+    there is gone)."""
 
-    pools: tuple[PoolUse, ...]
+    namespace: str
+    pool: PoolUse | None
 
 
 Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved | BudgetUsageObserved
@@ -174,24 +178,58 @@ def license_sync(inputs: HookInputs, body: bytes) -> Answer:
     return _sync_answer(outcome)
 
 
+def tenant_namespace_customize(inputs: HookInputs, body: bytes) -> Answer:
+    parent = decode_namespace(decode_envelope(body, CustomizeRequest).parent, "parent")
+    answer = tenant_namespaces.customize(parent.metadata.name)
+    return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
+
+
+def tenant_namespace_sync(inputs: HookInputs, body: bytes) -> Answer:
+    request = decode_tenant_namespace_sync(body)
+    outcome = tenant_namespaces.sync(request)
+    return Answer(
+        encode(outcome.response),
+        {"namespace": request.namespace, "outcome": outcome.outcome, **outcome.counts},
+        skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
+        about={"controller": "gpuclass-tenant-namespaces", "namespace": request.namespace},
+    )
+
+
 def report_customize(inputs: HookInputs, body: bytes) -> Answer:
-    check_report_target(decode_envelope(body, CustomizeRequest).parent, "parent")
-    answer = budget_report.customize()
+    parent = decode_namespace(decode_envelope(body, CustomizeRequest).parent, "parent")
+    answer = budget_report.customize(parent.metadata.name)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
 def report_sync(inputs: HookInputs, body: bytes) -> Answer:
-    """The budget report: its log line counts the pools, and its metrics are the pools' figures
-    (none recorded when the sync could not tell)."""
-    outcome = budget_report.sync(decode_report_sync(body))
-    observed = BudgetUsageObserved(outcome.pools) if outcome.pools is not None else None
+    """A pool's report: its log line counts what it found, and its metrics are the pool's
+    figures (none recorded when the sync could not tell)."""
+    request = decode_report_sync(body)
+    outcome = budget_report.sync(request)
+    namespace = request.target.metadata.name
+    observed = (
+        BudgetUsageObserved(namespace, outcome.pools[0] if outcome.pools else None)
+        if outcome.pools is not None
+        else None
+    )
     return Answer(
         encode(outcome.response),
-        {"outcome": outcome.outcome, **outcome.counts},
+        {"namespace": namespace, "outcome": outcome.outcome, **outcome.counts},
         skipped=[f"{o.kind} {o.name}: {o.reason}" for o in outcome.invalid],
-        about={"controller": "gpuclass-budget-report"},
+        about={"controller": "gpuclass-budget-pools", "namespace": namespace},
         observation=observed,
     )
+
+
+def retired_report_sync(inputs: HookInputs, body: bytes) -> Answer:
+    """The report of earlier versions, attached to the release's ClusterRole: answered with no
+    attachment, so that Metacontroller deletes what it attached there."""
+    request = decode_envelope(body, DecoratorSyncRequest)
+    check_report_target(request.object, "object")
+    if request.attachments is None:
+        raise BadRequest("request has no attachments")
+    answer = budget_report.retired_sync()
+    return Answer(encode(answer), {"outcome": "retired"})
 
 
 Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
@@ -240,8 +278,13 @@ HOOKS: tuple[Hook, ...] = (
     Hook("/status/sync", "metacontroller", status_sync, forkable=True),
     Hook("/license/customize", "metacontroller", license_customize, forkable=True),
     Hook("/license/sync", "metacontroller", license_sync, forkable=True),
-    Hook("/budget-report/customize", "metacontroller", report_customize, forkable=True),
-    Hook("/budget-report/sync", "metacontroller", report_sync, forkable=True),
+    Hook(
+        "/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, forkable=True
+    ),
+    Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, forkable=True),
+    Hook("/budget-pools/customize", "metacontroller", report_customize, forkable=True),
+    Hook("/budget-pools/sync", "metacontroller", report_sync, forkable=True),
+    Hook("/budget-report/sync", "metacontroller", retired_report_sync, forkable=True),
     Hook("/admit/gpu-budget", "apiserver", app_budget),
     Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
 )

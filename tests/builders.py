@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from hooks.cli import offline
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.wire.admission import AdmissionRequest, decode_review
@@ -457,3 +458,18 @@ def scoped_tenancy(
 ) -> Tenancy:
     """The tenancy a review of these namespaces reads from a test's cluster."""
     return read_scope(namespaces, answering(lists), subtrees)
+
+
+def inventory_of(items: Sequence[dict[str, Any]]) -> offline.Inventory:
+    """A cluster of these objects as plan holds a dump of it (each of a kind the hooks read)."""
+    inventory = offline.Inventory()
+    for obj in items:
+        related = offline.KINDS[(obj["apiVersion"], obj["kind"])]
+        inventory.objects.setdefault((obj["apiVersion"], related.resource), []).append(obj)
+    return inventory
+
+
+def tenancy_items() -> list[dict[str, Any]]:
+    """The example tenancy (examples/tenancy.json): namespaces, classes and releases."""
+    items: list[dict[str, Any]] = json.loads((EXAMPLES / "tenancy.json").read_text())["items"]
+    return items

@@ -17,24 +17,25 @@ from typing import Any
 import msgspec
 import yaml
 
-from hooks.controllers import budget_report, license, status
+from hooks.controllers import budget_report, license, status, tenant_namespaces
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
+from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.subtrees import namespace_chain
+from hooks.rules.budget.tenancy import Tenant
 from hooks.rules.budget.usage import PoolUse
 from hooks.rules.capacity import Capacity
 from hooks.rules.class_status import CONDITIONS
 from hooks.rules.conditions import READY
 from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
 from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
-from hooks.rules.selectors import check_rule, rule_selects
+from hooks.rules.selectors import check_rule, rule_selects, selector_matches
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt, ObjectMeta, Secret
 from hooks.wire.metacontroller import (
     CONFIGMAPS,
     GPUCLASS_API_VERSION,
     RELATED_KINDS,
-    REPORT_TARGET_API_VERSION,
-    REPORT_TARGET_KIND,
     SECRETS,
     CustomizeRequest,
     RelatedKind,
@@ -42,6 +43,7 @@ from hooks.wire.metacontroller import (
     decode_composite_sync,
     decode_decorator_sync,
     decode_report_sync,
+    decode_tenant_namespace_sync,
 )
 from hooks.wire.names import namespaced_key
 from hooks.wire.problems import Undecodable, decoded, decoder_for
@@ -64,6 +66,18 @@ class Inventory:
     objects: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
     kubevirt: dict[str, Any] | None = None
     unknown: int = 0
+    _by_namespace: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def in_namespace(self, resource: tuple[str, str], namespace: str) -> list[dict[str, Any]]:
+        """The objects of a resource in one namespace (indexed once per resource)."""
+        if resource not in self._by_namespace:
+            index: dict[str, list[dict[str, Any]]] = {}
+            for obj in self.objects.get(resource, []):
+                index.setdefault(obj["metadata"].get("namespace", ""), []).append(obj)
+            self._by_namespace[resource] = index
+        return self._by_namespace[resource].get(namespace, [])
 
 
 def _documents(path: Path) -> list[Any]:
@@ -176,7 +190,7 @@ def select_related(
         resource = (rule.api_version, rule.resource)
         kind = BY_RESOURCE[resource]
         group = related.setdefault(kind.group_key, {})
-        for obj in inventory.objects.get(resource, []):
+        for obj in _candidates(rule, inventory, namespace_labels):
             metadata = obj["metadata"]
             namespace = metadata.get("namespace", "")
             if rule_selects(
@@ -188,6 +202,24 @@ def select_related(
             ):
                 group[_key(obj, kind)] = obj
     return related
+
+
+def _candidates(
+    rule: RelatedRule, inventory: Inventory, namespace_labels: dict[str, dict[str, str]]
+) -> Iterable[dict[str, Any]]:
+    """The objects a rule could select: those of its namespace, or of the namespaces its
+    namespace selector matches, found through the inventory's index by namespace."""
+    resource = (rule.api_version, rule.resource)
+    if rule.namespace:
+        return inventory.in_namespace(resource, rule.namespace)
+    if rule.namespace_selector is not None:
+        return [
+            obj
+            for namespace, labels in namespace_labels.items()
+            if selector_matches(rule.namespace_selector, labels)
+            for obj in inventory.in_namespace(resource, namespace)
+        ]
+    return inventory.objects.get(resource, [])
 
 
 def _bytes(obj: Any) -> bytes:
@@ -323,28 +355,79 @@ def explain(plan: OfflineClass) -> list[dict[str, Any]]:
 
 
 RELEASES = ("helm.toolkit.fluxcd.io/v2", "helmreleases")
-# The budget report's target as Metacontroller would send it; plan reads no ClusterRole.
-PLAN_TARGET = {
-    "apiVersion": REPORT_TARGET_API_VERSION,
-    "kind": REPORT_TARGET_KIND,
-    "metadata": {"name": "plan"},
-}
+NAMESPACES_RESOURCE = ("v1", "namespaces")
+
+
+def _tenant_namespaces(inventory: Inventory) -> list[str]:
+    """Every namespace a tenant could own that the dump names: as a Namespace, as where a release
+    lives, as what a Tenant release claims, and every namespace above those."""
+    named = {ns["metadata"]["name"] for ns in inventory.objects.get(NAMESPACES_RESOURCE, [])}
+    for release in inventory.objects.get(RELEASES, []):
+        named.add(release["metadata"].get("namespace", ""))
+        claimed = release_object(msgspec.Raw(_bytes(release)))
+        if isinstance(claimed, Tenant) and claimed.owned_namespace is not None:
+            named.add(claimed.owned_namespace)
+    return sorted({n for name in named for n in namespace_chain(name)})
+
+
+def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
+    """The inventory with its tenant namespaces (made where the dump has none) labelled as the
+    tenant namespace labeller's syncs would label them."""
+    found = {ns["metadata"]["name"]: ns for ns in inventory.objects.get(NAMESPACES_RESOURCE, [])}
+    labelled = []
+    for name in namespaces:
+        namespace = found.pop(
+            name, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
+        related = select_related(tenant_namespaces.customize(name).related_resources, inventory)
+        body = {"object": namespace, "related": related}
+        answer = tenant_namespaces.sync(decode_tenant_namespace_sync(_bytes(body))).response
+        labels = dict(namespace["metadata"].get("labels") or {})
+        for key, value in answer.labels.items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+        labelled.append({**namespace, "metadata": {**namespace["metadata"], "labels": labels}})
+    objects = {**inventory.objects, NAMESPACES_RESOURCE: [*found.values(), *labelled]}
+    return Inventory(objects, inventory.kubevirt, inventory.unknown)
+
+
+def pool_requests(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """Each tenant namespace's report sync request, as Metacontroller would send it once the
+    labeller's syncs labelled every tenant namespace: what the report's rules select (ConfigMaps
+    aside: none is in a dump plan reads)."""
+    namespaces = _tenant_namespaces(inventory)
+    labelled = _labelled(inventory, namespaces)
+    by_name = {ns["metadata"]["name"]: ns for ns in labelled.objects[NAMESPACES_RESOURCE]}
+    requests = {}
+    for name in namespaces:
+        rules = [
+            rule
+            for rule in budget_report.customize(name).related_resources
+            if (rule.api_version, rule.resource) in BY_RESOURCE
+        ]
+        related = {**select_related(rules, labelled), CONFIGMAPS: {}}
+        requests[name] = {
+            "object": by_name[name],
+            "attachments": {CONFIGMAPS: {}},
+            "related": related,
+        }
+    return requests
 
 
 def budget_pools(inventory: Inventory) -> tuple[PoolUse, ...] | None:
-    """The budget report's pools on the dump's releases and classes, computed by the report's
-    own sync; None when the dump holds no HelmRelease. ConfigMaps are not read: a tenant's own
-    `gpu-budget` changes where the report is written, not its figures."""
+    """The budget report's pools on the dump's releases and classes, each computed by the
+    report's own sync from what Metacontroller would send it (`pool_requests`); None when the dump
+    holds no HelmRelease. ConfigMaps are not read: a tenant's own `gpu-budget` changes where the
+    report is written, not its figures."""
     if not inventory.objects.get(RELEASES):
         return None
-    rules = [
-        rule
-        for rule in budget_report.customize().related_resources
-        if (rule.api_version, rule.resource) in BY_RESOURCE
-    ]
-    related: dict[str, dict[str, Any]] = {**select_related(rules, inventory), CONFIGMAPS: {}}
-    body = {"object": PLAN_TARGET, "attachments": {CONFIGMAPS: {}}, "related": related}
-    return budget_report.sync(decode_report_sync(_bytes(body))).pools
+    return tuple(
+        pool
+        for body in pool_requests(inventory).values()
+        for pool in budget_report.sync(decode_report_sync(_bytes(body))).pools or ()
+    )
 
 
 def document(

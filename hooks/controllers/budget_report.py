@@ -1,13 +1,16 @@
-"""DecoratorController `gpuclass-budget-report`: every GPU budget pool's use, for people to read.
+"""DecoratorController `gpuclass-budget-pools`: every GPU budget pool's use, for people to read.
 
-Its target is one cluster-scoped object of the release (the hooks' ClusterRole, selected by a
-label), so that its attachments may live in any namespace and go with the release: a ConfigMap
-`gpu-budget` in the namespace of each bounded tenant with a GPU budget, holding its own pool's
-figures (`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that
-reserve. Its related objects are the Tenant, VMInstance and KubernetesNodes releases, the
-GPUClasses, every ConfigMap named `gpu-budget` (one that is not an attachment is a tenant's own,
-and is never written over) and the Namespaces (a report goes only where its namespace exists and
-is not terminating). The webhook never reads the report.
+Its targets are the tenant namespaces (labelled by `gpuclass-tenant-namespaces`); each pool
+root's attachment is a ConfigMap `gpu-budget` in its own namespace, holding its own pool's figures
+(`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that reserve. A
+target's related objects are what its pool's arithmetic reads and nothing more
+(`hooks.rules.budget.subtrees`): the Tenant releases that could claim it, every Tenant, VMInstance
+and KubernetesNodes release in the namespaces labelled into its subtree, those namespaces (one
+labelled later re-syncs the report), the GPUClasses, and a ConfigMap `gpu-budget` in its own
+namespace (one that is not its attachment is a tenant's own, and is never written over). So a
+change re-syncs only the pools above it, each with its own subtree. The rules depend on the
+namespace's name alone: a target that is not bounded selects no subtree and gets no report. The
+webhook never reads the report.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ from typing import Literal
 import msgspec
 
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
+from hooks.controllers.tenant_namespaces import (
+    HELMRELEASES_API_VERSION,
+    claimant_rules,
+    pool_level_label,
+)
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.subtrees import namespace_chain
 from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
     TENANT,
@@ -74,11 +83,16 @@ class ReportOutcome:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def customize() -> CustomizeResponse:
+def customize(namespace: str) -> CustomizeResponse:
+    chain = namespace_chain(namespace)
+    if not chain:
+        return CustomizeResponse(related_resources=[])
+    in_subtree = LabelSelector(match_labels={pool_level_label(len(chain) - 1): namespace})
     return CustomizeResponse(
         related_resources=[
+            *claimant_rules(namespace),
             RelatedRule(
-                api_version="helm.toolkit.fluxcd.io/v2",
+                api_version=HELMRELEASES_API_VERSION,
                 resource="helmreleases",
                 label_selector=LabelSelector(
                     match_expressions=[
@@ -89,12 +103,13 @@ def customize() -> CustomizeResponse:
                         )
                     ]
                 ),
+                namespace_selector=in_subtree,
             ),
+            RelatedRule(api_version="v1", resource="namespaces", label_selector=in_subtree),
             RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses"),
-            RelatedRule(api_version="v1", resource="configmaps", names=[REPORT_NAME]),
-            # where a report can be written: a ConfigMap in a namespace not yet made, or
-            # terminating, would fail the whole sync
-            RelatedRule(api_version="v1", resource="namespaces"),
+            RelatedRule(
+                api_version="v1", resource="configmaps", namespace=namespace, names=[REPORT_NAME]
+            ),
         ]
     )
 
@@ -162,7 +177,7 @@ def _report(pool: PoolUse) -> ReportConfigMap:
 
 
 def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
-    """The reports as they are: the answer while the request cannot be trusted."""
+    """The report as it is: the answer while the request cannot be trusted."""
     return [
         ReportConfigMap(
             metadata=ReportMetadata(
@@ -170,45 +185,43 @@ def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
             ),
             data=dict(c.data),
         )
-        for c in sorted(attached, key=lambda c: c.metadata.namespace)
+        for c in attached
     ]
 
 
 def sync(request: ReportSync) -> ReportOutcome:
+    namespace = request.target.metadata.name
     attached = list(request.attached.objects) if request.attached else []
-    if (
+    if namespace_chain(namespace) and (
         request.releases is None
         or request.classes is None
         or request.same_named is None
-        or request.namespaces is None
+        or request.subtree is None
     ):
-        # Selected by other rules than today's: keep the reports until customize is asked again.
+        # Selected by other rules than today's: keep the report until customize is asked again.
         response = DecoratorSyncResponse(
             attachments=_kept(attached), status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
         )
         return ReportOutcome(response, "stale_related", counts={"kept": len(attached)})
-    objects = [release_object(raw) for raw in request.releases]
+    objects = [release_object(raw) for raw in request.releases or []]
     tenancy = Tenancy(
         tuple(o for o in objects if isinstance(o, Tenant)),
         tuple(o for o in objects if isinstance(o, App)),
     )
-    classes = [class_identity(c) for c in request.classes.objects]
-    pools = budget_usage(tenancy, classes)
+    classes = [class_identity(c) for c in request.classes.objects] if request.classes else []
+    pools = tuple(p for p in budget_usage(tenancy, classes) if p.namespace == namespace)
     invalid = tuple(
-        InvalidObject("GPUClass", name, "does not decode") for name in request.classes.invalid
+        InvalidObject("GPUClass", name, "does not decode")
+        for name in (request.classes.invalid if request.classes else [])
     )
     if invalid:
         # A device of that class maps to no key: every figure could be short.
         problem = f"GPUClass {invalid[0].name}: does not decode"
         pools = tuple(PoolUse(p.namespace, p.tenant, (), (), problem) for p in pools)
-    ours = {c.metadata.namespace for c in attached}
-    taken = {
-        c.metadata.namespace
-        for c in request.same_named.objects
-        if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
-    }
-    writable = {n.metadata.name for n in request.namespaces.objects if not n.terminating}
-    reports = [_report(p) for p in pools if p.namespace not in taken and p.namespace in writable]
+    same_named = request.same_named.objects if request.same_named else []
+    taken = not attached and any(c.metadata.name == REPORT_NAME for c in same_named)
+    writable = not request.target.terminating
+    reports = [_report(p) for p in pools if not taken and writable]
     response = DecoratorSyncResponse(attachments=reports, status=None)
     return ReportOutcome(
         response,
@@ -218,7 +231,15 @@ def sync(request: ReportSync) -> ReportOutcome:
             "pools": len(pools),
             "over_budget": sum(1 for p in pools if p.over_budget),
             "unreadable": sum(1 for p in pools if p.unreadable is not None),
-            "conflicts": len([p for p in pools if p.namespace in taken]),
-            "unwritable": len([p for p in pools if p.namespace not in writable]),
+            "conflicts": len(pools) if taken else 0,
+            "unwritable": 0 if writable else len(pools),
         },
     )
+
+
+def retired_sync() -> DecoratorSyncResponse:
+    """The answer to the report of versions before the per-pool one (its target the release's
+    ClusterRole): no attachment, so Metacontroller deletes the reports it attached there, which
+    the pool reports cannot write over (nothing adopts another owner's object). Its controller
+    stays in the chart for upgrades from those versions."""
+    return DecoratorSyncResponse(attachments=[], status=None)

@@ -156,26 +156,34 @@ class ClassCollector(Collector):
 
 
 class BudgetCollector(Collector):
-    """The last budget report this replica computed, exported at scrape time: one series per
-    bounded tenant and key it declares, stamped with when it was computed, and gone three status
-    resync periods after (the report resyncs with the status) or at once when a report leaves a
-    pool out."""
+    """The pool reports this replica computed, exported at scrape time: one series per bounded
+    tenant and key it declares, each pool as its last report left it and stamped with when, gone
+    three status resync periods after that report (the reports resync with the status) or at
+    once when a report of its namespace finds no pool."""
 
     def __init__(self, stale_after_seconds: float, clock: Callable[[], float]) -> None:
         self._stale_after = stale_after_seconds
         self._clock = clock
         self._lock = threading.Lock()
-        self._report: tuple[tuple[PoolUse, ...], float] | None = None
+        self._pools: dict[str, tuple[PoolUse, float]] = {}
 
-    def record(self, pools: tuple[PoolUse, ...]) -> None:
+    def record(self, namespace: str, pool: PoolUse | None) -> None:
         with self._lock:
-            self._report = (pools, self._clock())
+            if pool is None:
+                self._pools.pop(namespace, None)
+            else:
+                self._pools[namespace] = (pool, self._clock())
+
+    def _current(self) -> list[tuple[PoolUse, float]]:
+        """The pools reported within the staleness window, with when (older ones forgotten)."""
+        oldest = self._clock() - self._stale_after
+        with self._lock:
+            for namespace in [n for n, (_, at) in self._pools.items() if at < oldest]:
+                del self._pools[namespace]
+            return [reported for _, reported in sorted(self._pools.items())]
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            report = self._report
-        if report is not None and report[1] < self._clock() - self._stale_after:
-            report = None
+        pools = self._current()
         labels = ["namespace", "tenant", "key"]
         families = {
             field: GaugeMetricFamily(name, about, labels=labels)
@@ -206,19 +214,16 @@ class BudgetCollector(Collector):
         )
         stamp = GaugeMetricFamily(
             "cozystack_gpu_budget_report_timestamp_seconds",
-            "When this replica last computed the budget report",
+            "When this replica last computed the pool's report",
+            labels=["namespace", "tenant"],
         )
-        if report is not None:
-            pools, computed_at = report
-            stamp.add_metric([], computed_at)
-            for pool in pools:
-                if pool.unreadable is not None:
-                    unreadable.add_metric([pool.namespace, pool.tenant], 1.0)
-                for use in pool.keys:
-                    for field, family in families.items():
-                        family.add_metric(
-                            [pool.namespace, pool.tenant, use.key], getattr(use, field)
-                        )
+        for pool, computed_at in pools:
+            stamp.add_metric([pool.namespace, pool.tenant], computed_at)
+            if pool.unreadable is not None:
+                unreadable.add_metric([pool.namespace, pool.tenant], 1.0)
+            for use in pool.keys:
+                for field, family in families.items():
+                    family.add_metric([pool.namespace, pool.tenant, use.key], getattr(use, field))
         yield from (*families.values(), unreadable, stamp)
 
     def describe(self) -> Iterator[Metric]:
@@ -562,7 +567,7 @@ class Metrics:
         elif isinstance(observation, LicenseCopiesObserved):
             self._record_license(observation)
         elif isinstance(observation, BudgetUsageObserved):
-            self.budgets.record(observation.pools)
+            self.budgets.record(observation.namespace, observation.pool)
         else:
             self.budget_reviews.labels(verdict=observation.verdict).inc()
 

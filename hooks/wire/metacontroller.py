@@ -108,6 +108,16 @@ class DecoratorSyncResponse(_Envelope, omit_defaults=True):
     resync_after_seconds: float | None = None
 
 
+class LabelsResponse(_Envelope, omit_defaults=True):
+    """A decorator's answer that sets its target's labels (null removes one; a label it does not
+    name is left alone) and attaches nothing."""
+
+    labels: dict[str, str | None]
+    attachments: list[Any]
+    status: None
+    resync_after_seconds: float | None = None
+
+
 _ENCODER = msgspec.json.Encoder()
 T = TypeVar("T")
 
@@ -317,17 +327,33 @@ class _ReportSync(msgspec.Struct):
     related: _ReportGroups = msgspec.field(default_factory=_ReportGroups)
 
 
+class TargetNamespace(Namespace, frozen=True):
+    """A decorator's target Namespace: its name, and whether it is being deleted."""
+
+    api_version: str = ""
+    kind: str = ""
+
+
+_NAMESPACE = msgspec.json.Decoder(TargetNamespace)
+
+
+def decode_namespace(raw: msgspec.Raw, field: str) -> TargetNamespace:
+    """The parent (or decorator target): a Namespace with a name, or BadRequest."""
+    return _named_object(raw, field, _NAMESPACE, "v1", "Namespace")
+
+
 @dataclass(frozen=True)
 class ReportSync:
-    """The budget report's sync request: each release still raw (the budget rules read each on
-    its own, and mark what does not decode), the classes and ConfigMaps decoded; a group is None
-    when the request did not carry it."""
+    """A pool report's sync request: its namespace, each release still raw (the budget rules read
+    each on its own, and mark what does not decode), the classes and ConfigMaps decoded; a group
+    is None when the request did not carry it. `subtree` holds the namespaces labelled into the
+    pool: the report reads none of them, but one newly labelled re-syncs it."""
 
-    object: msgspec.Raw
+    target: TargetNamespace
     releases: list[msgspec.Raw] | None
     classes: DecodedGroup | None
     same_named: DecodedGroup | None
-    namespaces: DecodedGroup | None
+    subtree: DecodedGroup | None
     attached: DecodedGroup | None
 
 
@@ -362,15 +388,46 @@ def decode_report_sync(body: bytes) -> ReportSync:
     """One pass over the body, each related object kept as its bytes: one object that does not
     decode never sinks the request."""
     request = decode_request(_REPORT, body, "request envelope")
-    check_report_target(request.object, "object")
+    target = decode_namespace(request.object, "object")
     if request.attachments is None:
         raise BadRequest("request has no attachments")
     related = request.related
     return ReportSync(
-        request.object,
+        target,
         list(related.releases.values()) if related.releases is not None else None,
         _decoded_each(related.classes, GPUClass),
         _decoded_each(related.config_maps, ConfigMap),
         _decoded_each(related.namespaces, Namespace),
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
+    )
+
+
+class _TenantReleases(msgspec.Struct):
+    releases: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=HELMRELEASES)
+
+
+class _TenantNamespaceSync(msgspec.Struct):
+    object: msgspec.Raw = msgspec.Raw()
+    related: _TenantReleases = msgspec.field(default_factory=_TenantReleases)
+
+
+@dataclass(frozen=True)
+class TenantNamespaceSync:
+    """The tenant namespace labeller's sync request: the namespace's name and the Tenant releases
+    its rules select, each still raw; None when the request did not carry them."""
+
+    namespace: str
+    releases: list[msgspec.Raw] | None
+
+
+_TENANT_NAMESPACE = msgspec.json.Decoder(_TenantNamespaceSync)
+
+
+def decode_tenant_namespace_sync(body: bytes) -> TenantNamespaceSync:
+    """The labeller's sync: a Namespace target, or BadRequest."""
+    request = decode_request(_TENANT_NAMESPACE, body, "request envelope")
+    target = decode_namespace(request.object, "object")
+    releases = request.related.releases
+    return TenantNamespaceSync(
+        target.metadata.name, list(releases.values()) if releases is not None else None
     )

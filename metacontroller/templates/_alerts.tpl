@@ -102,9 +102,9 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       description: "The admission webhook fails closed: while it cannot read HelmReleases or GPUClasses, tenants cannot create or grow VMs and worker pools. The denial message names what could not be read; check the API server and the hooks' RBAC."
       runbook_url: {{ printf "%s#gpuclassbudgetreviewsfailingclosed" $runbooks | quote }}
   - alert: GPUBudgetPoolOverBudget
-    # the freshest replica's report: a replica that stopped reporting keeps its last figures
-    # until they go stale
-    expr: max by (namespace, tenant, key) (cozystack_gpu_budget_left_units and on (instance) (cozystack_gpu_budget_report_timestamp_seconds == scalar(max(cozystack_gpu_budget_report_timestamp_seconds)))) < 0
+    # each pool as the replica that computed its report last has it: another replica keeps its
+    # last figures until they go stale
+    expr: max by (namespace, tenant, key) (cozystack_gpu_budget_left_units and on (instance, namespace, tenant) (cozystack_gpu_budget_report_timestamp_seconds == on (namespace, tenant) group_left max by (namespace, tenant) (cozystack_gpu_budget_report_timestamp_seconds))) < 0
     for: 15m
     labels:
       severity: warning

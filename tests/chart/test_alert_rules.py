@@ -68,8 +68,9 @@ def budget_left(tenant: str, namespace: str, instance: str) -> str:
     return f'cozystack_gpu_budget_left_units{{{labels}, instance="{instance}"}}'
 
 
-def report_stamp(instance: str) -> str:
-    return f'cozystack_gpu_budget_report_timestamp_seconds{{instance="{instance}"}}'
+def report_stamp(tenant: str, namespace: str, instance: str) -> str:
+    labels = f'namespace="{namespace}", tenant="{tenant}"'
+    return f'cozystack_gpu_budget_report_timestamp_seconds{{{labels}, instance="{instance}"}}'
 
 
 CASES = [
@@ -190,19 +191,23 @@ CASES = [
     ),
     Case(
         "GPUBudgetPoolOverBudget",
-        # replica b reported last: its figures count, a's older over-budget ones do not
+        # replica b reported on acme's pool last: its figures count, a's older over-budget ones
+        # do not; another pool's report, later on a, changes nothing for acme
         firing=[
             (budget_left("acme", "tenant-acme", "b"), "-2x40"),
-            (report_stamp("b"), "0+60x40"),
+            (report_stamp("acme", "tenant-acme", "b"), "0+60x40"),
             (budget_left("acme", "tenant-acme", "a"), "0x40"),
-            (report_stamp("a"), "0+59x40"),
+            (report_stamp("acme", "tenant-acme", "a"), "0+59x40"),
+            (budget_left("lab", "tenant-acme-lab", "a"), "1x40"),
+            (report_stamp("lab", "tenant-acme-lab", "a"), "0+61x40"),
         ],
         quiet=[
             (budget_left("acme", "tenant-acme", "a"), "-2x40"),
-            (report_stamp("a"), "0+59x40"),
+            (report_stamp("acme", "tenant-acme", "a"), "0+59x40"),
             (budget_left("acme", "tenant-acme", "b"), "0x40"),
-            (report_stamp("b"), "0+60x40"),
+            (report_stamp("acme", "tenant-acme", "b"), "0+60x40"),
             (budget_left("lab", "tenant-acme-lab", "b"), "1x40"),
+            (report_stamp("lab", "tenant-acme-lab", "b"), "0+60x40"),
         ],
         quiet_until="14m",
         fires_at="16m",

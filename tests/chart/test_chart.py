@@ -17,6 +17,7 @@ import trustme
 import yaml
 
 from hooks.controllers.budget_report import REPORT_NAME
+from hooks.controllers.tenant_namespaces import TENANT_NAMESPACE_LABEL
 from hooks.serving import listeners
 from hooks.serving.app import create_app
 from hooks.serving.metrics import Metrics
@@ -142,6 +143,8 @@ def test_gpu_switch_follows_the_operator_variant_unless_set(
     assert len(by_kind(documents, "CompositeController")) == 1
     assert [d["metadata"]["name"] for d in by_kind(documents, "DecoratorController")] == [
         "gpuclass-license",
+        "gpuclass-tenant-namespaces",
+        "gpuclass-budget-pools",
         "gpuclass-budget-report",
     ]
 
@@ -155,7 +158,10 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         "gpuclass-status/sync",
         "gpuclass-license/customize",
         "gpuclass-license/sync",
-        "gpuclass-budget-report/customize",
+        "gpuclass-tenant-namespaces/customize",
+        "gpuclass-tenant-namespaces/sync",
+        "gpuclass-budget-pools/customize",
+        "gpuclass-budget-pools/sync",
         "gpuclass-budget-report/sync",
     }
     service = one(default_render, "Service")
@@ -233,13 +239,46 @@ def test_license_controller_shape(default_render: list[dict[str, Any]]) -> None:
     ]
 
 
-def test_budget_report_controller_decorates_the_releases_cluster_role(
+def test_the_tenant_namespace_labeller_decorates_every_namespace(
     default_render: list[dict[str, Any]],
 ) -> None:
-    """Its target is cluster-scoped (the ConfigMaps live in tenant namespaces), owned by the
-    release (they go with it), and selected by a label only that ClusterRole carries."""
-    spec = decorator(default_render, "gpuclass-budget-report")["spec"]
+    """Every Namespace, so that a namespace made later is labelled; its sync leaves any that no
+    tenant could own alone. No resync: only a release or a namespace changes its labels."""
+    spec = decorator(default_render, "gpuclass-tenant-namespaces")["spec"]
+    assert spec["resources"] == [{"apiVersion": "v1", "resource": "namespaces"}]
+    assert "attachments" not in spec and "resyncPeriodSeconds" not in spec
+
+
+def test_budget_pools_controller_decorates_the_tenant_namespaces(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Its targets are the namespaces the labeller marks (every one a tenant could own, never
+    unmarked, so a report is never orphaned by its target leaving the selector)."""
+    spec = decorator(default_render, "gpuclass-budget-pools")["spec"]
     assert spec["resyncPeriodSeconds"] == 60
+    assert spec["resources"] == [
+        {
+            "apiVersion": "v1",
+            "resource": "namespaces",
+            "labelSelector": {"matchLabels": {TENANT_NAMESPACE_LABEL: "true"}},
+        }
+    ]
+    assert spec["attachments"] == [
+        {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}
+    ]
+    # without admission too: what is reserved is worth reading where nothing enforces it
+    plain = render(*PLAIN, api_versions=())
+    assert {"gpuclass-tenant-namespaces", "gpuclass-budget-pools"} <= {
+        d["metadata"]["name"] for d in by_kind(plain, "DecoratorController")
+    }
+
+
+def test_the_retired_report_decorates_the_releases_cluster_role_with_a_sync_only(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Earlier versions attached their reports to the release's ClusterRole; this controller,
+    whose sync attaches nothing, has Metacontroller delete them on upgrade."""
+    spec = decorator(default_render, "gpuclass-budget-report")["spec"]
     [resource] = spec["resources"]
     assert (resource["apiVersion"], resource["resource"]) == (
         "rbac.authorization.k8s.io/v1",
@@ -251,14 +290,9 @@ def test_budget_report_controller_decorates_the_releases_cluster_role(
         if resource["labelSelector"]["matchLabels"].items() <= r["metadata"]["labels"].items()
     ]
     assert [t["metadata"]["name"] for t in targets] == ["gpu-gpuclass-hooks"]
-    assert spec["attachments"] == [
-        {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}
-    ]
-    # without admission too: what is reserved is worth reading where nothing enforces it
-    plain = render(*PLAIN, api_versions=())
-    assert "gpuclass-budget-report" in {
-        d["metadata"]["name"] for d in by_kind(plain, "DecoratorController")
-    }
+    assert spec["attachments"] == [{"apiVersion": "v1", "resource": "configmaps"}]
+    assert set(spec["hooks"]) == {"sync"}
+    assert "resyncPeriodSeconds" not in spec
 
 
 def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:

@@ -73,7 +73,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
                 namespaces=[namespace("a")],
             )
             assert client.post("/status/sync", json=request).status_code == 200
-        report = client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
+        report = client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
         assert report.status_code == 200
         client.post(
             "/license/sync",

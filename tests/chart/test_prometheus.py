@@ -142,8 +142,8 @@ def drive(server: LiveServer, files: dict[str, Path]) -> None:
         CLASSES[0], secrets=[source_secret()], namespaces=[namespace("tenant-a")]
     )
     assert session.post(f"{server.url}/license/sync", json=licensed, verify=ca, timeout=10).ok
-    report = example_of("/budget-report/sync")
-    assert session.post(f"{server.url}/budget-report/sync", data=report, verify=ca, timeout=10).ok
+    report = example_of("/budget-pools/sync")
+    assert session.post(f"{server.url}/budget-pools/sync", data=report, verify=ca, timeout=10).ok
     refused = requests.post(
         f"{server.url}/status/customize", json={}, verify=str(files["ca.crt"]), timeout=10
     )

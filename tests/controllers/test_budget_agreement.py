@@ -20,18 +20,16 @@ import msgspec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from hooks.cli import offline
 from hooks.controllers import budget_report
 from hooks.controllers.budget import review_app, review_tenant
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
-from hooks.rules.budget.tenancy import Tenancy
-from hooks.rules.budget.usage import PoolUse
+from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.tenancy import App, Tenancy, Tenant
+from hooks.rules.budget.usage import PoolUse, budget_usage
 from hooks.rules.classes import ClassIdentity
-from hooks.wire.metacontroller import (
-    REPORT_TARGET_API_VERSION,
-    REPORT_TARGET_KIND,
-    decode_report_sync,
-)
-from tests.builders import scoped_tenancy
+from hooks.wire.metacontroller import decode_report_sync
+from tests.builders import inventory_of, scoped_tenancy
 from tests.profiles import examples
 from tests.rules.budget.test_invariant import (
     KIND_LABEL,
@@ -66,8 +64,8 @@ class Cluster:
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return scoped_tenancy(LegacyReleases(self.releases), namespaces, subtrees)
 
-    # what the report's sync is sent
-    def report(self) -> dict[str, PoolUse]:
+    # what the report's syncs are sent
+    def items(self) -> list[dict[str, Any]]:
         def release(r: Release) -> dict[str, Any]:
             decoded: dict[str, Any] = json.loads(bytes(r.raw()))
             return {"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease", **decoded}
@@ -81,25 +79,28 @@ class Cluster:
                 "spec": {"resourceName": c.resource_name},
             }
 
-        body = {
-            "object": {
-                "apiVersion": REPORT_TARGET_API_VERSION,
-                "kind": REPORT_TARGET_KIND,
-                "metadata": {"name": "hooks"},
-            },
-            "attachments": {"ConfigMap.v1": {}},
-            "related": {
-                "HelmRelease.helm.toolkit.fluxcd.io/v2": {
-                    f"{r.namespace}/{r.name}": release(r) for r in self.releases
-                },
-                "GPUClass.cozystack.io/v1alpha1": {c.name: gpuclass(c) for c in self.classes_},
-                "ConfigMap.v1": {},
-                "Namespace.v1": {},
-            },
-        }
-        outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))
-        assert outcome.pools is not None
-        return {pool.namespace: pool for pool in outcome.pools}
+        return [*(release(r) for r in self.releases), *(gpuclass(c) for c in self.classes_)]
+
+    def report(self) -> dict[str, PoolUse]:
+        """Each pool's report, computed by its own sync from what its rules select once the
+        labeller's syncs labelled every tenant namespace (`hooks.cli.offline.pool_requests`)."""
+        requests = offline.pool_requests(inventory_of(self.items()))
+        found = {}
+        for namespace, body in requests.items():
+            outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))
+            assert outcome.pools is not None
+            assert all(pool.namespace == namespace for pool in outcome.pools)
+            found.update({pool.namespace: pool for pool in outcome.pools})
+        return found
+
+    def whole(self) -> dict[str, PoolUse]:
+        """Every pool computed at once over every release of the cluster."""
+        objects = [release_object(msgspec.Raw(r.raw())) for r in self.releases]
+        tenancy = Tenancy(
+            tuple(o for o in objects if isinstance(o, Tenant)),
+            tuple(o for o in objects if isinstance(o, App)),
+        )
+        return {pool.namespace: pool for pool in budget_usage(tenancy, self.classes_)}
 
     def declared(self, namespace: str) -> set[str]:
         """The budget keys the tenant owning the namespace declares."""
@@ -173,14 +174,19 @@ def agreement(tenancy: Cluster) -> list[str]:
 @st.composite
 def tenancies(draw: st.DrawFn) -> Cluster:
     """A root, tenants two levels deep (bounded or not, GPU keys or not, declarations that fit
-    or not), apps with devices of every class and of resources no class names, worker pools,
-    namespaces whose Tenant release is gone, releases no reader decodes; and the hoster's classes
-    as they came to be."""
+    or not, some known by their release name only, some claimed twice), apps with devices of
+    every class and of resources no class names, worker pools, namespaces whose Tenant release is
+    gone, releases no reader decodes; and the hoster's classes as they came to be."""
     releases = [tenant("tenant-root", "root", draw(quotas()))]
     namespaces = ["tenant-root"]
     for name in draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True)):
         where = draw(st.sampled_from(namespaces))
-        releases.append(tenant(where, name, draw(quotas())))
+        made = tenant(where, name, draw(quotas()))
+        if draw(st.integers(0, 4)) == 0:  # made before the name label: known by its release name
+            made = replace(made, label=None)
+        releases.append(made)
+        if draw(st.integers(0, 9)) == 0:  # another release claiming the same namespace
+            releases.append(Release(where, f"again-{name}", "Tenant", name, made.values))
         namespaces.append(own(where, name))
     gone = [f"{draw(st.sampled_from(namespaces))}-gone"]
     for index in range(draw(st.integers(0, 6))):
@@ -224,19 +230,30 @@ RESOURCE_CHANGED = replace(
     CLASS_DELETED,
     classes_=(replace(L40S_CLASS, resource_name=L40S_NEW), H100_CLASS, SPARE_CLASS),
 )
-
-
-@settings(
+ON_TENANCIES = settings(
     max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+@ON_TENANCIES
 @given(tenancy=tenancies())
 @example(tenancy=GONE)
 @example(tenancy=CLASS_DELETED)
 @example(tenancy=RESOURCE_CHANGED)
 def test_the_report_and_the_webhook_agree_on_every_pool_and_key(tenancy: Cluster) -> None:
     assert agreement(tenancy) == []
+
+
+@ON_TENANCIES
+@given(tenancy=tenancies())
+@example(tenancy=GONE)
+def test_each_pools_report_reads_all_its_figures_need(tenancy: Cluster) -> None:
+    """A pool's report sees its claimants and the releases of the namespaces labelled into its
+    subtree, nothing else: it gives the figures the arithmetic gives over every release at
+    once, for every pool."""
+    assert tenancy.report() == tenancy.whole()
 
 
 # --- the ways they disagreed, each by name ----------------------------------------------------

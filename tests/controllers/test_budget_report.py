@@ -1,6 +1,8 @@
 """The budget report's hooks through HTTP (Flask's test client), with Metacontroller-shaped
-requests: one ConfigMap `gpu-budget` per GPU budget pool, holding its own figures only, never
-written over a tenant's own, kept while the request cannot be trusted; and its metrics."""
+requests (each tenant namespace's, as its rules select them once the namespaces are labelled):
+one ConfigMap `gpu-budget` per GPU budget pool, holding its own figures only, never written over a
+tenant's own, kept while the request cannot be trusted; its metrics; the retired report of
+earlier versions."""
 
 from __future__ import annotations
 
@@ -13,16 +15,19 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 
+from hooks.cli import offline
+from hooks.controllers import budget_report
 from hooks.serving.app import create_app
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
-from tests.builders import example_of, helmrelease
+from hooks.wire.metacontroller import LabelSelector, Requirement
+from tests.builders import example_of, helmrelease, inventory_of, tenancy_items
 from tests.cli.test_plan import run_plan
 from tests.profiles import examples
-from tests.rules.budget.test_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body, own_namespace
+from tests.rules.budget.test_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body
 from tests.rules.budget.test_usage import carved, grown_then_lowered
 
-SYNC = "/budget-report/sync"
+SYNC = "/budget-pools/sync"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
 CONFIGMAPS = "ConfigMap.v1"
 NAMESPACES = "Namespace.v1"
@@ -42,17 +47,40 @@ def client(settings: Settings, metrics: Metrics) -> FlaskClient:
     return create_app(settings, metrics=metrics).test_client()
 
 
-def example() -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(example_of(SYNC))
-    return body
+def requests(items: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Each tenant namespace's sync request, as Metacontroller sends it once every namespace is
+    labelled (examples/tenancy.json unless told otherwise)."""
+    return offline.pool_requests(inventory_of(tenancy_items() if items is None else items))
 
 
-def reports(client: FlaskClient, body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def answered(client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
     response = client.post(SYNC, json=body)
     assert response.status_code == 200, response.get_data()
     answer = response.get_json()
-    assert set(answer) == {"attachments", "status"} and answer["status"] is None
-    return {a["metadata"]["namespace"]: a for a in answer["attachments"]}
+    assert set(answer) <= {"attachments", "status", "resyncAfterSeconds"}
+    assert answer["status"] is None
+    attachments: list[dict[str, Any]] = answer["attachments"]
+    return attachments
+
+
+def reports(client: FlaskClient, bodies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every namespace's report, by namespace: each sync attaches at most its own."""
+    found = {}
+    for namespace, body in bodies.items():
+        attached = answered(client, body)
+        assert [a["metadata"]["namespace"] for a in attached] in ([], [namespace])
+        found.update({a["metadata"]["namespace"]: a for a in attached})
+    return found
+
+
+def release(items: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    [found] = [
+        o
+        for o in items
+        if o["kind"] == "HelmRelease"
+        and f"{o['metadata']['namespace']}/{o['metadata']['name']}" == key
+    ]
+    return found
 
 
 def document(report: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +95,7 @@ def config_map(namespace: str, data: dict[str, str], **metadata: Any) -> dict[st
 
 
 def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClient) -> None:
-    found = reports(client, example())
+    found = reports(client, requests())
     assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
     acme = found["tenant-acme"]
     assert (acme["apiVersion"], acme["kind"], acme["metadata"]) == (
@@ -96,7 +124,7 @@ def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClie
 
 def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
     """The sub-tenant lab sees its own pool: none of acme's apps, nor acme's figures."""
-    lab = reports(client, example())["tenant-acme-lab"]
+    lab = reports(client, requests())["tenant-acme-lab"]
     assert document(lab) == {
         "tenant": "lab",
         "namespace": "tenant-acme-lab",
@@ -112,7 +140,7 @@ def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
 
 
 def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: FlaskClient) -> None:
-    legacy = reports(client, example())["tenant-legacy"]
+    legacy = reports(client, requests())["tenant-legacy"]
     assert document(legacy)["keys"] == [] and document(legacy)["unreadable"].startswith(
         "HelmRelease tenant-legacy/vm-instance-old: spec.values.gpus"
     )
@@ -120,57 +148,65 @@ def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: Fl
 
 
 def test_a_tenants_own_configmap_of_that_name_is_never_written_over(client: FlaskClient) -> None:
-    body = example()
+    body = requests()["tenant-acme"]
     tenants_own = config_map("tenant-acme", {"notes": "mine"}, uid="theirs")
     body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": tenants_own}
-    assert "tenant-acme" not in reports(client, body)
+    assert answered(client, body) == []
 
 
 def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
     client: FlaskClient,
 ) -> None:
-    body = example()
+    body = requests()["tenant-acme"]
     ours = config_map(
         "tenant-acme",
         {"budget.json": "{}", "budget.txt": "old"},
-        annotations={"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-report"},
+        annotations={"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-pools"},
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
     body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
-    assert document(reports(client, body)["tenant-acme"])["keys"][0]["reserved"] == 3
+    [report] = answered(client, body)
+    assert document(report)["keys"][0]["reserved"] == 3
 
 
-@pytest.mark.parametrize("state", ["missing", "terminating"])
-def test_a_report_goes_only_where_its_namespace_exists_and_is_not_terminating(
-    client: FlaskClient, state: str
+@pytest.mark.parametrize(
+    "terminating",
+    [
+        {"status": {"phase": "Terminating"}},
+        {"metadata": {"deletionTimestamp": "2026-12-04T00:00:00Z"}},
+    ],
+    ids=["phase", "deletion-timestamp"],
+)
+def test_a_report_goes_only_where_its_namespace_is_not_terminating(
+    client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
-    """A tenant's namespace is made a moment after its release, and goes before it: a ConfigMap
-    there would fail the whole sync, every other pool's report with it."""
-    body = example()
-    if state == "missing":
-        del body["related"][NAMESPACES]["tenant-acme-lab"]
-    else:
-        body["related"][NAMESPACES]["tenant-acme-lab"]["status"] = {"phase": "Terminating"}
-    assert sorted(reports(client, body)) == ["tenant-acme", "tenant-legacy"]
+    """A namespace being deleted takes no new object: a ConfigMap there would fail the sync."""
+    body = requests()["tenant-acme-lab"]
+    namespace = body["object"]
+    body["object"] = {
+        **namespace,
+        **terminating,
+        "metadata": {**namespace["metadata"], **terminating.get("metadata", {})},
+    }
+    assert answered(client, body) == []
 
 
 def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> None:
-    body = example()
-    releases = body["related"][HELMRELEASES]
-    releases["tenant-acme/tenant-lab"]["spec"]["values"] = {}
-    assert "tenant-acme-lab" not in reports(client, body)
+    items = tenancy_items()
+    release(items, "tenant-acme/tenant-lab")["spec"]["values"] = {}
+    assert "tenant-acme-lab" not in reports(client, requests(items))
 
 
-@pytest.mark.parametrize("state", ["releases", "namespaces"])
-def test_while_the_related_groups_cannot_be_trusted_the_reports_are_kept_as_they_are(
-    client: FlaskClient, state: str
+@pytest.mark.parametrize("group", [HELMRELEASES, GPUCLASSES, CONFIGMAPS, NAMESPACES])
+def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
+    client: FlaskClient, group: str
 ) -> None:
-    body = example()
+    body = requests()["tenant-acme"]
     kept = config_map(
         "tenant-acme", {"budget.json": "{}", "budget.txt": "as it was"}, resourceVersion="9"
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
-    del body["related"][HELMRELEASES if state == "releases" else NAMESPACES]
+    del body["related"][group]
     response = client.post(SYNC, json=body).get_json()
     assert response["resyncAfterSeconds"] == 10.0
     assert response["attachments"] == [
@@ -191,9 +227,12 @@ def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
     client: FlaskClient,
 ) -> None:
     """A device of that class maps to no key, so every figure could be short."""
-    body = example()
-    body["related"]["GPUClass.cozystack.io/v1alpha1"]["broken"] = {"metadata": []}
-    found = reports(client, body)
+    bodies = requests()
+    for body in bodies.values():
+        if GPUCLASSES in body["related"]:
+            body["related"][GPUCLASSES]["broken"] = {"metadata": []}
+    found = reports(client, bodies)
+    assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
     assert all(document(r)["keys"] == [] for r in found.values())
     assert {document(r)["unreadable"] for r in found.values()} == {
         "GPUClass broken: does not decode"
@@ -203,21 +242,79 @@ def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
 @pytest.mark.parametrize(
     "target",
     [
-        {"apiVersion": "cozystack.io/v1alpha1", "kind": "GPUClass", "metadata": {"name": "a"}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "a"},
+        },
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {}},
         None,
     ],
     ids=["another-kind", "no-name", "missing"],
 )
-def test_a_target_that_is_not_a_named_cluster_role_is_a_400(
-    client: FlaskClient, target: Any
-) -> None:
-    body = example()
+def test_a_target_that_is_not_a_named_namespace_is_a_400(client: FlaskClient, target: Any) -> None:
+    body = requests()["tenant-acme"]
     body["object"] = target
     customize = {"parent": target}
-    for route, sent in ((SYNC, body), ("/budget-report/customize", customize)):
+    for route, sent in ((SYNC, body), ("/budget-pools/customize", customize)):
         response = client.post(route, json=sent)
         assert response.status_code == 400 and set(response.get_json()) == {"error"}
+
+
+def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
+    client: FlaskClient,
+) -> None:
+    parent = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}
+    customize = client.post("/budget-pools/customize", json={"parent": parent}).get_json()
+    assert customize == {"relatedResources": []}
+    body = {"object": parent, "attachments": {CONFIGMAPS: {}}, "related": {}}
+    assert client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
+
+
+def test_a_pools_rules_select_its_claimants_its_subtree_the_classes_and_its_own_report() -> None:
+    """By the namespace's name alone: Metacontroller caches the answer per generation, which a
+    label change does not bump."""
+    rules = budget_report.customize("tenant-acme-lab").related_resources
+    shapes = [
+        (r.resource, r.namespace, r.names, r.label_selector, r.namespace_selector) for r in rules
+    ]
+    depth = LabelSelector(match_labels={"gpuclass.cozystack.io/pool-level-2": "tenant-acme-lab"})
+    kinds = LabelSelector(
+        match_expressions=[
+            Requirement(
+                "apps.cozystack.io/application.kind",
+                "In",
+                ["Tenant", "VMInstance", "KubernetesNodes"],
+            )
+        ]
+    )
+    claimed_by = LabelSelector(
+        match_labels={
+            "apps.cozystack.io/application.kind": "Tenant",
+            "apps.cozystack.io/application.name": "lab",
+        }
+    )
+    assert shapes == [
+        ("helmreleases", "tenant-acme", None, claimed_by, None),
+        ("helmreleases", "tenant-acme", ["tenant-lab"], None, None),
+        ("helmreleases", None, None, kinds, depth),
+        ("namespaces", None, None, depth, None),
+        ("gpuclasses", None, None, None, None),
+        ("configmaps", "tenant-acme-lab", ["gpu-budget"], None, None),
+    ]
+
+
+def test_the_retired_report_answers_no_attachment_so_its_configmaps_go(
+    client: FlaskClient,
+) -> None:
+    """The report of earlier versions, attached to the release's ClusterRole: the pool reports
+    cannot write over its ConfigMaps, so its controller deletes them."""
+    body = json.loads(example_of("/budget-report/sync"))
+    assert body["attachments"][CONFIGMAPS]
+    answer = client.post("/budget-report/sync", json=body)
+    assert (answer.status_code, answer.get_json()) == (200, {"attachments": [], "status": None})
+    body["object"] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}
+    assert client.post("/budget-report/sync", json=body).status_code == 400
 
 
 def series(metrics: Metrics, family: str) -> dict[tuple[str, ...], float]:
@@ -232,7 +329,7 @@ def series(metrics: Metrics, family: str) -> dict[tuple[str, ...], float]:
 def test_the_metrics_hold_one_series_per_bounded_tenant_and_key(
     client: FlaskClient, metrics: Metrics
 ) -> None:
-    reports(client, example())
+    reports(client, requests())
     left = series(metrics, "cozystack_gpu_budget_left_units")
     assert left == {
         (f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"'): 0.0,
@@ -243,17 +340,17 @@ def test_the_metrics_hold_one_series_per_bounded_tenant_and_key(
     assert series(metrics, "cozystack_gpu_budget_pool_unreadable") == {
         ('namespace="tenant-legacy"', 'tenant="legacy"'): 1.0
     }
-    body = example()
-    body["related"][HELMRELEASES]["tenant-acme/tenant-lab"]["spec"]["values"] = {}
-    reports(client, body)  # a pool left out of the report is gone at once
+    items = tenancy_items()
+    release(items, "tenant-acme/tenant-lab")["spec"]["values"] = {}
+    reports(client, requests(items))  # a namespace whose report finds no pool: gone at once
     assert not any("tenant-acme-lab" in k for k in series(metrics, "cozystack_gpu_budget_units"))
 
 
 def test_a_pool_over_its_budget_shows_below_zero(client: FlaskClient, metrics: Metrics) -> None:
-    body = example()
-    quotas = body["related"][HELMRELEASES]["tenant-root/tenant-acme"]["spec"]["values"]
+    items = tenancy_items()
+    quotas = release(items, "tenant-root/tenant-acme")["spec"]["values"]
     quotas["resourceQuotas"][TOTAL] = "2"  # lowered by the operator under what is held
-    reports(client, body)
+    reports(client, requests(items))
     left = series(metrics, "cozystack_gpu_budget_left_units")
     assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"')] == -2.0
 
@@ -264,19 +361,22 @@ def test_the_report_series_go_three_status_resyncs_after_the_last_report(
     now = [1000.0]
     metrics = Metrics(180.0, clock=lambda: now[0])
     create_app(settings, metrics=metrics).test_client().post(SYNC, data=example_of(SYNC))
-    now[0] += 179.0
+    assert series(metrics, "cozystack_gpu_budget_units")
+    now[0] += 100.0
+    body = requests()["tenant-acme-lab"]  # another pool's report keeps none but its own alive
+    create_app(settings, metrics=metrics).test_client().post(SYNC, json=body)
+    now[0] += 79.0
     assert series(metrics, "cozystack_gpu_budget_units")
     now[0] += 2.0
-    assert series(metrics, "cozystack_gpu_budget_units") == {}
+    left = series(metrics, "cozystack_gpu_budget_units")
+    assert left and {k[1] for k in left} == {'namespace="tenant-acme-lab"'}
 
 
 # --- against the invariant model ----------------------------------------------------------------
 
-CLASS_GROUP = "GPUClass.cozystack.io/v1alpha1"
 
-
-def request_of(cluster: Cluster) -> dict[str, Any]:
-    """The report's sync request for a model cluster, as Metacontroller would send it."""
+def items_of(cluster: Cluster) -> list[dict[str, Any]]:
+    """A model cluster's releases and classes, as the API server holds them."""
     releases = [
         helmrelease("Tenant", r, n, {"resourceQuotas": {k: str(v) for k, v in q.items()}})
         if q
@@ -287,28 +387,16 @@ def request_of(cluster: Cluster) -> dict[str, Any]:
         helmrelease(kind, namespace, name, app_body(gpus, most))
         for (namespace, kind, name), (gpus, most) in cluster.apps.items()
     ]
-    classes = {
-        c.name: {
+    classes = [
+        {
             "apiVersion": "cozystack.io/v1alpha1",
             "kind": "GPUClass",
             "metadata": {"name": c.name, "creationTimestamp": c.created},
             "spec": {"resourceName": c.resource_name},
         }
         for c in CLASSES
-    }
-    body = example()
-    keyed = {f"{r['metadata']['namespace']}/{r['metadata']['name']}": r for r in releases}
-    owned = sorted({own_namespace(r, n) for r, n in cluster.tenants})
-    namespaces = {
-        n: {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in owned
-    }
-    body["related"] = {
-        HELMRELEASES: keyed,
-        CLASS_GROUP: classes,
-        CONFIGMAPS: {},
-        NAMESPACES: namespaces,
-    }
-    return body
+    ]
+    return [*releases, *classes]
 
 
 def model_figures(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
@@ -340,14 +428,13 @@ def test_the_reports_the_metrics_and_plan_give_the_models_figures(
     """On trees grown by admitted operations and pushed over budget: the ConfigMaps written,
     the series exported and what plan prints on the same releases."""
     metrics = Metrics(180.0, clock=lambda: 1000.0)
-    body = request_of(cluster)
-    written = reports(create_app(settings, metrics=metrics).test_client(), body)
+    items = items_of(cluster)
+    written = reports(create_app(settings, metrics=metrics).test_client(), requests(items))
     model = model_figures(cluster)
     assert {namespace: document(r)["keys"] for namespace, r in written.items()} == model
     exported = series(metrics, "cozystack_gpu_budget_left_units")
     assert sorted(exported.values()) == sorted(k["left"] for keys in model.values() for k in keys)
     dump = tmp_path / f"releases-{len(list(tmp_path.iterdir()))}.json"
-    items = [*body["related"][HELMRELEASES].values(), *body["related"][CLASS_GROUP].values()]
     dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     planned = run_plan(str(dump), "-o", "json")
     assert planned.returncode == 0, planned.stderr
@@ -359,12 +446,11 @@ def test_devices_no_class_names_are_listed_apart_and_count_under_the_total_key(
 ) -> None:
     """A class deleted while a VM holds its devices: the devices stay in the pool's total, listed
     by the resource they were reserved under (docs/gpu-budgets.md, "Classes change")."""
-    body = example()
-    classes = body["related"][GPUCLASSES]
-    body["related"][GPUCLASSES] = {k: v for k, v in classes.items() if k != "l40s-24q"}
-    acme = document(reports(client, body)["tenant-acme"])
+    items = [o for o in tenancy_items() if o["metadata"]["name"] != "l40s-24q"]
+    report = reports(client, requests(items))["tenant-acme"]
+    acme = document(report)
     [total] = [use for use in acme["keys"] if use["key"] == TOTAL]
     assert total["reserved"] == 3
     assert acme["unclassed"] == [{"resource": L40S, "devices": 2}]
-    table = reports(client, body)["tenant-acme"]["data"]["budget.txt"]
+    table = report["data"]["budget.txt"]
     assert f"devices no GPUClass names, counted under {TOTAL}: {L40S} 2" in table

@@ -194,6 +194,51 @@ def test_a_tenant_reads_its_own_budget_report_through_cozystacks_view_role(
     assert not allowed("get", "secrets", "tenant-a")
 
 
+def test_the_reports_of_the_earlier_version_give_way_to_the_pool_reports(cluster: Cluster) -> None:
+    """docs/install.md, step 7: an upgrade from the report attached to the release's ClusterRole
+    needs nothing. Its ConfigMap, made here as that version's Metacontroller made it (owned by
+    the ClusterRole, marked with the controller's name), is deleted by the retired controller,
+    and the namespace's own pool report takes its place."""
+    selector = f"app.kubernetes.io/instance={RELEASE},{REPORT_LABEL}=true"
+    [role] = cluster.get("clusterroles", "-l", selector)["items"]
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-b"}})
+    earlier = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "gpu-budget",
+            "namespace": "tenant-b",
+            "labels": {REPORT_LABEL: "true"},
+            "annotations": {"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-report"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRole",
+                    "name": role["metadata"]["name"],
+                    "uid": role["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "data": {"budget.txt": "the figures of the earlier version\n"},
+    }
+    cluster.apply(earlier)
+    cluster.apply(helmrelease("Tenant", "tenant-root", "b", {"resourceQuotas": {TOTAL_KEY: "2"}}))
+
+    def owner_kind() -> str | None:
+        found = cluster.get("configmap", "-n", "tenant-b", "gpu-budget") or {}
+        owners = found.get("metadata", {}).get("ownerReferences", [])
+        return owners[0]["kind"] if owners else None
+
+    wait_for("the pool report in place of the earlier one", lambda: owner_kind() == "Namespace")
+    report = cluster.get("configmap", "-n", "tenant-b", "gpu-budget")
+    assert json.loads(report["data"]["budget.json"])["keys"][0]["budget"] == 2
+    labels = cluster.get("namespace", "tenant-b")["metadata"]["labels"]
+    assert labels["gpuclass.cozystack.io/tenant-namespace"] == "true"
+    assert labels["gpuclass.cozystack.io/pool-level-1"] == "tenant-b"
+
+
 def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -207,16 +252,17 @@ def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     # The loop annotates every ten seconds: gone by the annotations, not by the resync.
     annotations = output.count("gpuclass.cozystack.io/l40s annotated")
     assert annotations <= LICENSE_RESYNC_SECONDS / 10 / 3, output
-    assert uninstall.startswith(" gpuclass-hooks --namespace cozy-gpu")
-    cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=180s")
+    assert cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"]
+    assert uninstall.startswith(" gpuclass-hooks --namespace cozy-gpu --wait\n")
+    run_block(cluster, "helm uninstall" + uninstall, tmp_path)
     assert cluster.get("gpuclass", "l40s") is not None
     labelled = cluster.get(RELEASE_KINDS, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")
     assert labelled["items"] == []
-    # The budget reports belong to the release's ClusterRole: the garbage collector takes them.
-    wait_for(
-        "the budget reports gone with the release",
-        lambda: cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"] == [],
-    )
+    # The reports and the labels belong to the namespaces: the block's last two commands.
+    assert cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"] == []
+    for namespace in cluster.get("namespaces")["items"]:
+        ours = [k for k in namespace["metadata"].get("labels", {}) if k.startswith("gpuclass.")]
+        assert ours == [], namespace["metadata"]["name"]
     # What step 7 says stays: cert-manager keeps a Certificate's Secret when the Certificate goes.
     left = {
         s["metadata"]["name"]: s["type"] for s in cluster.get("secrets", "-n", NAMESPACE)["items"]

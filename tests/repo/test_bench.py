@@ -76,12 +76,13 @@ def test_the_echo_the_slow_client_benchmark_reports_for_scale_answers_every_roun
 def test_the_report_benchmark_sends_a_tenancy_of_a_thousand_tenants_with_nested_pools() -> None:
     from bench import report
 
-    body = report.request_body(apps_per_tenant=2)
-    answer = json.loads(report.in_process(body))
-    namespaces = sorted(a["metadata"]["namespace"] for a in answer["attachments"])
+    bodies = report.pool_bodies(apps_per_tenant=2)
+    assert len(bodies) == 1 + report.TOP_LEVEL * (1 + report.SUB_TENANTS)
+    answers = {name: json.loads(report.in_process(body)) for name, body in bodies.items()}
+    attached = {name: a["attachments"] for name, a in answers.items() if a["attachments"]}
     # every top-level tenant, and every other sub-tenant, is bounded with GPU keys
-    assert len(namespaces) == report.TOP_LEVEL * (1 + report.SUB_TENANTS // 2)
-    acme = json.loads(answer["attachments"][0]["data"]["budget.json"])
+    assert len(attached) == report.TOP_LEVEL * (1 + report.SUB_TENANTS // 2)
+    acme = json.loads(attached["tenant-t000"][0]["data"]["budget.json"])
     assert {k["key"] for k in acme["keys"]} == {
         "gpuclass.cozystack.io/devices",
         "l40s-24q.gpuclass.cozystack.io/devices",

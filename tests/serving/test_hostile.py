@@ -54,11 +54,17 @@ ANSWER_KEYS = {
     "/license/customize": ({"relatedResources"}, {"relatedResources"}),
     "/status/sync": ({"status", "children", "resyncAfterSeconds"}, {"status", "children"}),
     "/license/sync": ({"attachments", "status", "resyncAfterSeconds"}, {"attachments", "status"}),
-    "/budget-report/customize": ({"relatedResources"}, {"relatedResources"}),
-    "/budget-report/sync": (
+    "/tenant-namespaces/customize": ({"relatedResources"}, {"relatedResources"}),
+    "/tenant-namespaces/sync": (
+        {"labels", "attachments", "status", "resyncAfterSeconds"},
+        {"labels", "attachments", "status"},
+    ),
+    "/budget-pools/customize": ({"relatedResources"}, {"relatedResources"}),
+    "/budget-pools/sync": (
         {"attachments", "status", "resyncAfterSeconds"},
         {"attachments", "status"},
     ),
+    "/budget-report/sync": ({"attachments", "status"}, {"attachments", "status"}),
 }
 
 
@@ -78,7 +84,7 @@ def assert_answered(response: Any, route: str) -> None:
         assert all({"apiVersion", "resource"} <= set(rule) for rule in rules)
     if route == "/status/sync":
         assert payload["children"] == [] and isinstance(payload["status"], dict)
-    if route in ("/license/sync", "/budget-report/sync"):
+    if route in ("/license/sync", "/budget-pools/sync", "/budget-report/sync"):
         assert payload["status"] is None and isinstance(payload["attachments"], list)
 
 

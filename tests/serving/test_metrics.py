@@ -11,6 +11,7 @@ import pytest
 from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from hooks.rules.budget.usage import PoolUse
 from hooks.serving.app import create_app, stale_after_seconds
 from hooks.serving.credentials import CredentialWatch, Watched
 from hooks.serving.edge import Allowance, Edge
@@ -304,7 +305,8 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
         licensed_class(), secrets=[source_secret()], namespaces=[namespace("a")]
     )
     client.post("/license/sync", json=request)
-    client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
+    client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
+    metrics.budgets.record("tenant-old", PoolUse("tenant-old", "old", (), unreadable="unknown"))
     metrics.watch_threads(4, lambda: 0)
     metrics.memory_wait.observe(0.2)
     metrics.kubevirt_reads.labels(outcome="found").inc()

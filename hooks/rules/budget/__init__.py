@@ -13,5 +13,6 @@ deny a verdict only when that verdict's arithmetic reads them; any others are li
 `Verdict.skipped` so that the route can log them.
 
 Modules, each importing only those before it: `keys`, `tenancy`, `reservations`, `pools`,
-`verdicts`, `scope`, `apps`, `declarations`.
+`verdicts`, `scope`, then `apps`, `declarations`, `usage` and `subtrees` (which pools a
+namespace's labels name, for the report).
 """

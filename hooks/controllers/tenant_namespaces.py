@@ -1,0 +1,114 @@
+"""DecoratorController `gpuclass-tenant-namespaces`: labels that let a pool's report select its
+subtree.
+
+Its targets are every Namespace. A namespace a tenant could own (`tenant-root` and `tenant-*`)
+gets `gpuclass.cozystack.io/tenant-namespace: "true"` (which makes it a target of the budget
+report) and, for each namespace on its way up whose tenant is bounded (itself included),
+`gpuclass.cozystack.io/pool-level-<depth>: <that namespace>`; a depth whose namespace is not
+bounded has its label removed. A pool root at depth d then selects its whole subtree by
+`pool-level-<d>=<itself>` (`hooks.rules.budget.subtrees`). Its related objects are the Tenant
+releases that could claim each namespace on the way up: found by name alone, so customize never
+depends on labels (Metacontroller caches its answer per generation, which a label change does not
+bump). Any other namespace is left alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hooks.controllers import STALE_RULES_RETRY_SECONDS
+from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.subtrees import namespace_chain, pool_roots_above
+from hooks.rules.budget.tenancy import ROOT_NAMESPACE, TENANT, Tenant, owner_of
+from hooks.rules.invalid import InvalidObject
+from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL
+from hooks.wire.metacontroller import (
+    CustomizeResponse,
+    LabelSelector,
+    LabelsResponse,
+    RelatedRule,
+    TenantNamespaceSync,
+)
+
+TENANT_NAMESPACE_LABEL = "gpuclass.cozystack.io/tenant-namespace"
+POOL_LEVEL_PREFIX = "gpuclass.cozystack.io/pool-level-"
+HELMRELEASES_API_VERSION = "helm.toolkit.fluxcd.io/v2"
+
+LabelsResult = Literal["ok", "not_a_tenant_namespace", "stale_related"]
+
+
+def pool_level_label(depth: int) -> str:
+    """The label naming the pool root at this depth above (or at) a namespace."""
+    return f"{POOL_LEVEL_PREFIX}{depth}"
+
+
+def claimant_rules(namespace: str) -> list[RelatedRule]:
+    """The Tenant releases that could claim the namespace: in its parent namespace, by the name
+    label (`tenant-root` is claimed by the root tenant, named `root`), or by the release's name
+    where the label is missing. Empty for a namespace no tenant could own."""
+    owner = owner_of(namespace)
+    if owner is None:
+        return []
+    where, name = owner
+    release_name = ROOT_NAMESPACE if namespace == ROOT_NAMESPACE else f"tenant-{name}"
+    return [
+        RelatedRule(
+            api_version=HELMRELEASES_API_VERSION,
+            resource="helmreleases",
+            label_selector=LabelSelector(match_labels={KIND_LABEL: TENANT, NAME_LABEL: name}),
+            namespace=where,
+        ),
+        RelatedRule(
+            api_version=HELMRELEASES_API_VERSION,
+            resource="helmreleases",
+            namespace=where,
+            names=[release_name],
+        ),
+    ]
+
+
+def customize(namespace: str) -> CustomizeResponse:
+    return CustomizeResponse(
+        related_resources=[
+            rule for ancestor in namespace_chain(namespace) for rule in claimant_rules(ancestor)
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class LabelsOutcome:
+    response: LabelsResponse
+    outcome: LabelsResult = "ok"
+    invalid: tuple[InvalidObject, ...] = ()
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def sync(request: TenantNamespaceSync) -> LabelsOutcome:
+    chain = namespace_chain(request.namespace)
+    if not chain:
+        return LabelsOutcome(
+            LabelsResponse(labels={}, attachments=[], status=None), "not_a_tenant_namespace"
+        )
+    if request.releases is None:
+        # Selected by other rules than today's: leave the labels until customize is asked again.
+        response = LabelsResponse(
+            labels={}, attachments=[], status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
+        )
+        return LabelsOutcome(response, "stale_related")
+    objects = [release_object(raw) for raw in request.releases]
+    tenants = [o for o in objects if isinstance(o, Tenant)]
+    roots = pool_roots_above(request.namespace, tenants)
+    labels: dict[str, str | None] = {TENANT_NAMESPACE_LABEL: "true"}
+    for depth in range(len(chain)):
+        labels[pool_level_label(depth)] = roots.get(depth)
+    invalid = tuple(
+        InvalidObject("HelmRelease", t.where, t.unreadable)
+        for t in tenants
+        if t.unreadable is not None
+    )
+    return LabelsOutcome(
+        LabelsResponse(labels=labels, attachments=[], status=None),
+        invalid=invalid,
+        counts={"depth": len(chain), "pools_above": len(roots)},
+    )
