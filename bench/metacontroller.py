@@ -15,9 +15,11 @@ budget pool its report, and reports its resident memory then (VmRSS), its peak (
 Go heap in use. BENCH_HEAP_PROFILE=<file> also saves the heap profile (`go tool pprof -top <file>`).
 
     python -m bench.metacontroller --sizes M --go-env GOMEMLIMIT=2GiB --go-env GOGC=50
+    python -m bench.metacontroller --sizes M --go-env client-go-qps=50,client-go-burst=100
     python -m bench.metacontroller --sizes S --churn-seconds 180 --rate 1
 
-`--go-env` adds a run of Metacontroller with that environment beside the default one, on the same
+`--go-env` adds a run of Metacontroller with that environment beside the default one (a lowercase
+name is one of Metacontroller's flags instead, such as its API client's rate), on the same
 stored cluster (the reports and statuses the previous run wrote are removed first), so that the
 Go runtime's settings are compared in one run. `--churn-seconds` follows each settled run with a
 quiet minute and then the churn a hoster's cluster sees, `--rate` changes a second, in turn: a
@@ -56,6 +58,7 @@ from bench.cluster import GPU_RESOURCES, SIZES, Cluster, generate
 from bench.common import free_by_node
 from bench.run import cpu_seconds
 from hooks.controllers.budget_report import REPORT_LABEL
+from hooks.controllers.tenant_namespaces import TENANT_NAMESPACE_LABEL
 from hooks.rules.license import COPY_LABEL
 from tests.chart import PLAIN, render
 from tests.controlplane import ADMIN_TOKEN, ControlPlane, binary, control_plane, manifests
@@ -72,7 +75,7 @@ TENANT_NAMESPACES = 100
 RELEASES = {"S": (10, 10), "M": (100, 10), "L": (100, 50)}
 HEADER = (
     "size  go env                     nodes   pods  secrets  releases  stored MB  rss MiB  peak MiB"
-    "  heap MiB  synced s"
+    "  heap MiB  synced s  drained s"
 )
 CHURN_HEADER = (
     "size  go env                     phase   changes  hooks cpu/s  mc cpu/s  api cpu/s"
@@ -80,13 +83,16 @@ CHURN_HEADER = (
     "  status shown s p50/p90/max  mc peak MiB"
 )
 QUIET_SECONDS = 60
+# Queues empty this long count as drained: longer than a resync's burst of every pool's sync.
+DRAINED_SECONDS = 10
 SHOW_SECONDS = 120  # a change not shown by then is counted as not shown
 # The churn's changes, taken in turn (--kinds).
 KINDS = ("create", "values", "flux-status", "pod")
 HOOK_ROUTES = {
-    "status": "/status/sync",
-    "license": "/license/sync",
-    "report": "/budget-report/sync",
+    "status": ("/status/sync",),
+    "license": ("/license/sync",),
+    # the report's cost is its two controllers': the pools' reports and the labels they select by
+    "report": ("/budget-pools/sync", "/tenant-namespaces/sync"),
 }
 
 
@@ -257,11 +263,13 @@ class Settled:
     rss: float
     peak: float
     heap: float
-    took: float
+    took: float  # until every class has its status and every pool its report
+    drained: float  # until Metacontroller's queues stayed empty (the first sync's writes done)
 
 
 def reset(plane: ControlPlane, classes: Sequence[str]) -> None:
-    """What a Metacontroller run writes, removed, so that the next run syncs from nothing."""
+    """What a Metacontroller run writes, removed, so that the next run syncs from nothing: the
+    statuses, the reports, the license copies and the tenant namespaces' labels."""
     for name in classes:
         plane.request(
             "PATCH",
@@ -274,13 +282,24 @@ def reset(plane: ControlPlane, classes: Sequence[str]) -> None:
         for item in listed.json().get("items", []):
             meta = item["metadata"]
             plane.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/{kind}/{meta['name']}")
+    selector = {"labelSelector": TENANT_NAMESPACE_LABEL}
+    for item in plane.request("GET", "/api/v1/namespaces", params=selector).json()["items"]:
+        ours = [k for k in item["metadata"]["labels"] if k.startswith("gpuclass.cozystack.io/")]
+        plane.request(
+            "PATCH",
+            f"/api/v1/namespaces/{item['metadata']['name']}",
+            {"metadata": {"labels": dict.fromkeys(ours)}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
 
 
 def run_metacontroller(
     plane: ControlPlane, workdir: Path, go_env: dict[str, str]
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     metrics_port, pprof_port = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), **go_env}
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    env.update({name: value for name, value in go_env.items() if not name.islower()})
+    flags = [f"--{name}={value}" for name, value in go_env.items() if name.islower()]
     log = (workdir / "metacontroller.log").open("ab")
     process = subprocess.Popen(
         [
@@ -289,12 +308,26 @@ def run_metacontroller(
             f"--health-probe-bind-address=127.0.0.1:{free_port()}",
             "--discovery-interval=5s",
             f"--pprof-address=127.0.0.1:{pprof_port}",
+            *flags,
         ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     return process, metrics_port, pprof_port
+
+
+def queued(port: int) -> float:
+    """What waits in Metacontroller's controllers' work queues, from its own metrics."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    depths = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("workqueue_depth{")
+    ]
+    if not depths:
+        raise RuntimeError("Metacontroller exports no workqueue_depth")
+    return sum(depths)
 
 
 def settle(
@@ -311,14 +344,21 @@ def settle(
             raise RuntimeError((workdir / "metacontroller.log").read_text()[-3000:])
         time.sleep(1)
     took = time.monotonic() - started
-    time.sleep(10)  # a few resyncs, so that the caches and the sync buffers are warm
+    empty_since = None
+    while empty_since is None or time.monotonic() - empty_since < DRAINED_SECONDS:
+        if time.monotonic() - started > 1800:
+            raise RuntimeError("Metacontroller's queues never drained")
+        empty = queued(ports[0]) == 0
+        empty_since = (empty_since or time.monotonic()) if empty else None
+        time.sleep(1)
+    drained = empty_since - started
     rss, peak = memory(process.pid)
     heap = go_heap_mib(ports[0])
     if os.environ.get("BENCH_HEAP_PROFILE"):
         heap_url = f"http://127.0.0.1:{ports[1]}/debug/pprof/heap"
         profile = requests.get(heap_url, timeout=30).content
         Path(os.environ["BENCH_HEAP_PROFILE"]).write_bytes(profile)
-    return Settled(rss, peak, heap, took)
+    return Settled(rss, peak, heap, took, drained)
 
 
 def measure(
@@ -359,7 +399,7 @@ def measure(
                     settled_rows.append(
                         f"{size:<6}{label:<25}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}"
                         f"{stored_bytes / 1e6:>11.0f}{found.rss:>9.0f}{found.peak:>10.0f}"
-                        f"{found.heap:>10.0f}{found.took:>10.0f}"
+                        f"{found.heap:>10.0f}{found.took:>10.0f}{found.drained:>11.0f}"
                     )
                     print(settled_rows[-1], flush=True)
                     if churn_seconds:
@@ -413,8 +453,8 @@ class Meters:
         sums = dict.fromkeys(HOOK_ROUTES, 0.0)
         for line in text.splitlines():
             if line.startswith("cozystack_gpu_hook_request_body_bytes_sum{"):
-                for name, route in HOOK_ROUTES.items():
-                    if f'route="{route}"' in line:
+                for name, routes in HOOK_ROUTES.items():
+                    if any(f'route="{route}"' in line for route in routes):
                         sums[name] += float(line.rsplit(" ", 1)[1])
         return sums
 
@@ -602,7 +642,7 @@ def churn_row(
 
 
 def go_env(text: str) -> dict[str, str]:
-    """NAME=VALUE[,NAME=VALUE]"""
+    """NAME=VALUE[,NAME=VALUE]: environment variables, or flags where the name is lowercase."""
     pairs = [item.split("=", 1) for item in text.split(",")]
     if any(len(pair) != 2 for pair in pairs):
         raise SystemExit(f"--go-env {text}: want NAME=VALUE[,NAME=VALUE]")
