@@ -244,6 +244,13 @@ class Settings(BaseSettings):
         chart="controllers.statusResyncPeriodSeconds",
         gt=0,
     )
+    budget_report_resync_seconds: float = setting(
+        600.0,
+        "the budget report's resync period: a pool's metrics are dropped three periods after "
+        "its last report",
+        chart="controllers.budgetReportResyncPeriodSeconds",
+        gt=0,
+    )
     body_timeout_seconds: float = setting(
         10.0,
         "how long a request body may take besides what its size needs at "

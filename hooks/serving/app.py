@@ -36,6 +36,11 @@ def stale_after_seconds(settings: Settings) -> float:
     return 3 * settings.status_resync_seconds
 
 
+def budget_stale_after_seconds(settings: Settings) -> float:
+    """A pool's metrics outlive three report resyncs without a report of it, then go."""
+    return 3 * settings.budget_report_resync_seconds
+
+
 def _read(length: int, deadline_seconds: float) -> Iterator[bytes | memoryview]:
     """The declared body's pieces (`hooks.serving.body`), noted in the call's record once read
     whole; an empty body is not read at all."""
@@ -177,7 +182,10 @@ def create_app(
     """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
     computed in a process of their own (`hooks.serving.apart`) where the system allows it; None
     computes every call in its thread."""
-    exported = metrics or Metrics(stale_after_seconds(settings))
+    exported = metrics or Metrics(
+        stale_after_seconds(settings),
+        budget_stale_after_seconds=budget_stale_after_seconds(settings),
+    )
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
     inputs = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
     if guard is None:

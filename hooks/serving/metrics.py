@@ -360,13 +360,20 @@ class LogCollector(Collector):
 
 class Metrics:
     """Everything the service exports, in its own registry (one per app, so tests are isolated).
-    Class series older than `stale_after_seconds` are dropped at scrape."""
+    Class series older than `stale_after_seconds` are dropped at scrape, pool series older than
+    `budget_stale_after_seconds` (the same unless given)."""
 
-    def __init__(self, stale_after_seconds: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        stale_after_seconds: float,
+        clock: Callable[[], float] = time.time,
+        budget_stale_after_seconds: float | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.classes = ClassCollector(stale_after_seconds, clock)
         self.registry.register(self.classes)
-        self.budgets = BudgetCollector(stale_after_seconds, clock)
+        budget_stale = budget_stale_after_seconds or stale_after_seconds
+        self.budgets = BudgetCollector(budget_stale, clock)
         self.registry.register(self.budgets)
         self.requests = Counter(
             "cozystack_gpu_hook_requests_total",

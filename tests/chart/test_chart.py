@@ -255,7 +255,7 @@ def test_budget_pools_controller_decorates_the_tenant_namespaces(
     """Its targets are the namespaces the labeller marks (every one a tenant could own, never
     unmarked, so a report is never orphaned by its target leaving the selector)."""
     spec = decorator(default_render, "gpuclass-budget-pools")["spec"]
-    assert spec["resyncPeriodSeconds"] == 60
+    assert spec["resyncPeriodSeconds"] == 600  # its own, long: each resyncs every namespace
     assert spec["resources"] == [
         {
             "apiVersion": "v1",
@@ -480,6 +480,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_METRICS_REQUIRE_AUTH": "true",
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
+        "GPUCLASS_BUDGET_REPORT_RESYNC_SECONDS": "600",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
         "GPUCLASS_ADMISSION_TIMEOUT_SECONDS": "10",
         "GPUCLASS_LOG_LEVEL": "info",

@@ -17,7 +17,7 @@ from hypothesis import settings as hypothesis_settings
 
 from hooks.cli import offline
 from hooks.controllers import budget_report
-from hooks.serving.app import create_app
+from hooks.serving.app import budget_stale_after_seconds, create_app, stale_after_seconds
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from hooks.wire.metacontroller import LabelSelector, Requirement
@@ -355,17 +355,20 @@ def test_a_pool_over_its_budget_shows_below_zero(client: FlaskClient, metrics: M
     assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"')] == -2.0
 
 
-def test_the_report_series_go_three_status_resyncs_after_the_last_report(
+def test_the_report_series_go_three_report_resyncs_after_the_last_report(
     settings: Settings,
 ) -> None:
     now = [1000.0]
-    metrics = Metrics(180.0, clock=lambda: now[0])
+    resyncs = settings.model_copy(update={"budget_report_resync_seconds": 20.0})
+    stale = budget_stale_after_seconds(resyncs)
+    assert stale == 60.0 and stale_after_seconds(resyncs) != stale
+    metrics = Metrics(3600.0, clock=lambda: now[0], budget_stale_after_seconds=stale)
     create_app(settings, metrics=metrics).test_client().post(SYNC, data=example_of(SYNC))
     assert series(metrics, "cozystack_gpu_budget_units")
-    now[0] += 100.0
+    now[0] += 30.0
     body = requests()["tenant-acme-lab"]  # another pool's report keeps none but its own alive
     create_app(settings, metrics=metrics).test_client().post(SYNC, json=body)
-    now[0] += 79.0
+    now[0] += 29.0
     assert series(metrics, "cozystack_gpu_budget_units")
     now[0] += 2.0
     left = series(metrics, "cozystack_gpu_budget_units")
