@@ -6,6 +6,7 @@ the memory budget (429). Probes and metrics are served on ports of their own
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
@@ -39,6 +40,15 @@ def stale_after_seconds(settings: Settings) -> float:
 def budget_stale_after_seconds(settings: Settings) -> float:
     """A pool's metrics outlive three report resyncs without a report of it, then go."""
     return 3 * settings.budget_report_resync_seconds
+
+
+def settings_metrics(settings: Settings, clock: Callable[[], float] = time.time) -> Metrics:
+    """The service's metrics, their series dropped as the settings' resync periods say."""
+    return Metrics(
+        stale_after_seconds(settings),
+        clock,
+        budget_stale_after_seconds=budget_stale_after_seconds(settings),
+    )
 
 
 def _read(length: int, deadline_seconds: float) -> Iterator[bytes | memoryview]:
@@ -182,10 +192,7 @@ def create_app(
     """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
     computed in a process of their own (`hooks.serving.apart`) where the system allows it; None
     computes every call in its thread."""
-    exported = metrics or Metrics(
-        stale_after_seconds(settings),
-        budget_stale_after_seconds=budget_stale_after_seconds(settings),
-    )
+    exported = metrics or settings_metrics(settings)
     reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
     inputs = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
     if guard is None:

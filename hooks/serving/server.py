@@ -17,7 +17,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger
 
 from hooks.serving import apart, gthread, listeners, logs, webhook
-from hooks.serving.app import create_app, stale_after_seconds
+from hooks.serving.app import create_app, settings_metrics
 from hooks.serving.auth import TokenFile
 from hooks.serving.credentials import CredentialWatch, Watched
 from hooks.serving.edge import TlsSource
@@ -118,7 +118,7 @@ class HookServer(BaseApplication):
                 self.cfg.set(key, value)
 
     def load(self) -> Any:
-        self.metrics = Metrics(stale_after_seconds(self.settings))
+        self.metrics = settings_metrics(self.settings)
         self.app = create_app(self.settings, metrics=self.metrics, guard=self.guard)
         return self.app
 

@@ -373,7 +373,7 @@ _TARGET = msgspec.json.Decoder(_Target)
 
 
 def check_report_target(raw: msgspec.Raw, field: str) -> str:
-    """The budget report's target (the release's ClusterRole): its name, or BadRequest
+    """The retired budget report's target (the release's ClusterRole): its name, or BadRequest
     for anything else."""
     target = _named_object(raw, field, _TARGET, REPORT_TARGET_API_VERSION, REPORT_TARGET_KIND)
     name: str = target.metadata.name

@@ -17,7 +17,7 @@ from hypothesis import settings as hypothesis_settings
 
 from hooks.cli import offline
 from hooks.controllers import budget_report
-from hooks.serving.app import budget_stale_after_seconds, create_app, stale_after_seconds
+from hooks.serving.app import create_app, settings_metrics
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from hooks.wire.metacontroller import LabelSelector, Requirement
@@ -358,11 +358,11 @@ def test_a_pool_over_its_budget_shows_below_zero(client: FlaskClient, metrics: M
 def test_the_report_series_go_three_report_resyncs_after_the_last_report(
     settings: Settings,
 ) -> None:
+    """As the served metrics are made (`settings_metrics`): the report's own resync period, not
+    the status's."""
     now = [1000.0]
     resyncs = settings.model_copy(update={"budget_report_resync_seconds": 20.0})
-    stale = budget_stale_after_seconds(resyncs)
-    assert stale == 60.0 and stale_after_seconds(resyncs) != stale
-    metrics = Metrics(3600.0, clock=lambda: now[0], budget_stale_after_seconds=stale)
+    metrics = settings_metrics(resyncs, clock=lambda: now[0])
     create_app(settings, metrics=metrics).test_client().post(SYNC, data=example_of(SYNC))
     assert series(metrics, "cozystack_gpu_budget_units")
     now[0] += 30.0
