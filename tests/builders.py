@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
+import yaml
 
 from hooks.cli import offline
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
@@ -470,6 +471,6 @@ def inventory_of(items: Sequence[dict[str, Any]]) -> offline.Inventory:
 
 
 def tenancy_items() -> list[dict[str, Any]]:
-    """The example tenancy (examples/tenancy.json): namespaces, classes and releases."""
-    items: list[dict[str, Any]] = json.loads((EXAMPLES / "tenancy.json").read_text())["items"]
+    """The example tenancy (examples/tenancy.yaml): namespaces, classes and releases."""
+    items: list[dict[str, Any]] = yaml.safe_load((EXAMPLES / "tenancy.yaml").read_text())["items"]
     return items

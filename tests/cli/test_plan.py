@@ -781,14 +781,14 @@ def test_a_dump_without_classes_plans_nothing(tmp_path: Path) -> None:
     assert "\nNo KubeVirt CR in the input" in result.stdout
 
 
-TENANCY = ROOT / "examples" / "tenancy.json"
+TENANCY = ROOT / "examples" / "tenancy.yaml"
 
 
 def report_dump(tmp_path: Path) -> Path:
-    """The example tenancy (examples/tenancy.json) as `kubectl get -o json` dumps it, with a
+    """The example tenancy (examples/tenancy.yaml) as `kubectl get -o json` dumps it, with a
     release of another kind the report's selector leaves out."""
     items = [
-        *json.loads(TENANCY.read_text())["items"],
+        *builders.tenancy_items(),
         builders.helmrelease("Tenant", "tenant-root", "ignored", {})
         | {"metadata": {"name": "redis-cache", "namespace": "tenant-acme", "labels": {}}},
     ]

@@ -49,7 +49,7 @@ def client(settings: Settings, metrics: Metrics) -> FlaskClient:
 
 def requests(items: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Each tenant namespace's sync request, as Metacontroller sends it once every namespace is
-    labelled (examples/tenancy.json unless told otherwise)."""
+    labelled (examples/tenancy.yaml unless told otherwise)."""
     return offline.pool_requests(inventory_of(tenancy_items() if items is None else items))
 
 
