@@ -65,7 +65,7 @@ from hooks.rules.license import COPY_LABEL
 from tests.chart import PLAIN, render
 from tests.controlplane import ADMIN_TOKEN, ControlPlane, binary, control_plane, manifests
 from tests.fake_apiserver import kubevirt_cr
-from tests.live import free_port, live_server
+from tests.live import LiveServer, free_port, live_server
 
 ROOT = Path(__file__).parent.parent
 # Secrets per size and their data size: a tenant namespace holds a handful (service tokens kept as
@@ -338,13 +338,7 @@ def settle(
     took = time.monotonic() - started
     # Every report existing is not the end of the first sync: namespaces below a pool are still
     # being labelled, each label re-syncing the pool, at Metacontroller's client rate.
-    drained = float("nan")
-    while time.monotonic() - started < DRAIN_LIMIT_SECONDS:
-        before = cpu_seconds(process.pid)
-        time.sleep(DRAINED_SECONDS)
-        if (cpu_seconds(process.pid) - before) / DRAINED_SECONDS < IDLE_CORES:
-            drained = time.monotonic() - started
-            break
+    drained = idle_after(process, started)
     rss, peak = memory(process.pid)
     heap = go_heap_mib(ports[0])
     if os.environ.get("BENCH_HEAP_PROFILE"):
@@ -361,6 +355,7 @@ def measure(
     churn_seconds: float,
     rate: float,
     kinds: Sequence[str] = KINDS,
+    restart: bool = False,
 ) -> tuple[list[str], list[str]]:
     settled_rows: list[str] = []
     churn_rows: list[str] = []
@@ -408,10 +403,73 @@ def measure(
                                 churn_row(size, label, phase, figures, shown, process.pid)
                             )
                             print(churn_rows[-1], flush=True)
+                    if restart:
+                        process.terminate()
+                        process.wait(timeout=30)
+                        process, row = restarted(
+                            plane,
+                            workdir,
+                            go_env,
+                            hooks,
+                            apiserver,
+                            (size, label, rate, kinds),
+                            churn_seconds or QUIET_SECONDS,
+                            str(len(settled_rows)) + "r",
+                        )
+                        churn_rows.append(row)
+                        print(row, flush=True)
                 finally:
                     process.terminate()
                     process.wait(timeout=30)
     return settled_rows, churn_rows
+
+
+def restarted(
+    plane: ControlPlane,
+    workdir: Path,
+    go_env: dict[str, str],
+    hooks: LiveServer,
+    apiserver: int,
+    run: tuple[str, str, float, Sequence[str]],
+    seconds: float,
+    tag: str,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Metacontroller started again over what its previous run wrote (a pod restarted, an
+    upgrade), under churn from its first second: how long changes take to show while its start
+    is worked through, and when it idles again. BENCH_CPU_PROFILE=<file> saves a CPU profile of
+    its first minute (`go tool pprof -top <file>`)."""
+    size, label, rate, kinds = run
+    process, _, pprof_port = run_metacontroller(plane, workdir, go_env)
+    started = time.monotonic()
+    background = ThreadPoolExecutor(2)
+    drained = background.submit(idle_after, process, started)
+    if os.environ.get("BENCH_CPU_PROFILE"):
+        background.submit(cpu_profile, pprof_port, Path(os.environ["BENCH_CPU_PROFILE"]))
+    meters = Meters(hooks.metrics, hooks.process.pid, process.pid, apiserver)
+    churn = Churn(plane, size, rate, tag, kinds)
+    figures = meters.over(functools.partial(churn.run, seconds))
+    row = churn_row(size, label, "restart", figures, churn, process.pid)
+    background.shutdown(wait=True)
+    return process, f"{row}  drained {drained.result():.0f} s"
+
+
+def idle_after(process: subprocess.Popen[bytes], started: float) -> float:
+    """Seconds from started until Metacontroller idles (nan: not within the limit)."""
+    while time.monotonic() - started < DRAIN_LIMIT_SECONDS:
+        before = cpu_seconds(process.pid)
+        time.sleep(DRAINED_SECONDS)
+        if (cpu_seconds(process.pid) - before) / DRAINED_SECONDS < IDLE_CORES:
+            return time.monotonic() - started
+    return float("nan")
+
+
+def cpu_profile(pprof_port: int, into: Path) -> None:
+    url = f"http://127.0.0.1:{pprof_port}/debug/pprof/profile"
+    for _ in range(50):  # its pprof server listens a moment after the start
+        with suppress(requests.ConnectionError):
+            into.write_bytes(requests.get(url, params={"seconds": 60}, timeout=90).content)
+            return
+        time.sleep(0.1)
 
 
 def apiserver_pid(workdir: Path) -> int:
@@ -652,6 +710,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only-go-envs", action="store_true", help="no run of Metacontroller's defaults"
     )
     parser.add_argument("--churn-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="then start Metacontroller again over what it wrote, under churn from the start",
+    )
     parser.add_argument("--rate", type=float, default=1.0, help="changes a second under churn")
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help="the changes the churn takes in turn"
@@ -668,7 +731,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             kinds = args.kinds.split(",")
             if not set(kinds) <= set(KINDS):
                 raise SystemExit(f"--kinds: each of {', '.join(KINDS)}")
-            rows = measure(size, Path(tmp), go_envs, args.churn_seconds, args.rate, kinds)
+            rows = measure(
+                size, Path(tmp), go_envs, args.churn_seconds, args.rate, kinds, args.restart
+            )
         settled_rows += rows[0]
         churn_rows += rows[1]
     print("\n".join([HEADER, *settled_rows]))
