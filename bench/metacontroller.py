@@ -31,7 +31,12 @@ quiet minute and the churn it reports the CPU of the hooks, Metacontroller and k
 second, the bytes each hook received per second, and how long each change took to show: in its
 pool's `gpu-budget` report, or in the classes' `free`. The service runs with the settings the
 chart gives it (its selectors decide what Metacontroller sends) and reads KubeVirt from the API
-server.
+server. `--restart` then starts Metacontroller again over what it wrote (a pod restarted, an
+upgrade) with the churn running from its first second: how long changes take to show while it
+works through its start, and when it idles again (BENCH_CPU_PROFILE=<file>: its first minute's
+CPU profile).
+
+    python -m bench.metacontroller --sizes M --churn-seconds 120 --restart
 """
 
 from __future__ import annotations
