@@ -37,7 +37,7 @@ from hooks.rules.budget.tenancy import (
     Tenancy,
     Tenant,
 )
-from hooks.rules.budget.usage import PoolUse, budget_usage
+from hooks.rules.budget.usage import PoolUse, pool_usage
 from hooks.rules.classes import class_identity
 from hooks.rules.invalid import InvalidObject
 from hooks.wire.cozystack import KIND_LABEL
@@ -196,7 +196,7 @@ def sync(request: ReportSync) -> ReportOutcome:
         request.releases is None
         or request.classes is None
         or request.same_named is None
-        or request.subtree is None
+        or not request.subtree_sent
     ):
         # Selected by other rules than today's: keep the report until customize is asked again.
         response = DecoratorSyncResponse(
@@ -209,7 +209,8 @@ def sync(request: ReportSync) -> ReportOutcome:
         tuple(o for o in objects if isinstance(o, App)),
     )
     classes = [class_identity(c) for c in request.classes.objects] if request.classes else []
-    pools = tuple(p for p in budget_usage(tenancy, classes) if p.namespace == namespace)
+    own = pool_usage(tenancy, classes, namespace)
+    pools: tuple[PoolUse, ...] = () if own is None else (own,)
     invalid = tuple(
         InvalidObject("GPUClass", name, "does not decode")
         for name in (request.classes.invalid if request.classes else [])

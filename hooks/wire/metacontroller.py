@@ -346,14 +346,15 @@ def decode_namespace(raw: msgspec.Raw, field: str) -> TargetNamespace:
 class ReportSync:
     """A pool report's sync request: its namespace, each release still raw (the budget rules read
     each on its own, and mark what does not decode), the classes and ConfigMaps decoded; a group
-    is None when the request did not carry it. `subtree` holds the namespaces labelled into the
-    pool: the report reads none of them, but one newly labelled re-syncs it."""
+    is None when the request did not carry it. The namespaces labelled into the pool are related
+    only so that one newly labelled re-syncs the report, which reads none of them: of that group
+    only whether the request carried it is kept (`subtree_sent`)."""
 
     target: TargetNamespace
     releases: list[msgspec.Raw] | None
     classes: DecodedGroup | None
     same_named: DecodedGroup | None
-    subtree: DecodedGroup | None
+    subtree_sent: bool
     attached: DecodedGroup | None
 
 
@@ -397,7 +398,7 @@ def decode_report_sync(body: bytes) -> ReportSync:
         list(related.releases.values()) if related.releases is not None else None,
         _decoded_each(related.classes, GPUClass),
         _decoded_each(related.config_maps, ConfigMap),
-        _decoded_each(related.namespaces, Namespace),
+        related.namespaces is not None,
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
     )
 

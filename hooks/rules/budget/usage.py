@@ -50,33 +50,43 @@ def budget_usage(tenancy: Tenancy, classes: Iterable[ClassIdentity]) -> tuple[Po
     """Every GPU budget pool of the tenancy, by the namespace its tenant owns."""
     known = tuple(classes)
     pools = Pools(tenancy.tenants, tenancy.apps)
-    report = []
-    for root in sorted(pools.bounded):
-        tenant = pools.tenant(root).name or ""
-        try:
-            budget = pools.budget(root)
-        except FailedClosed as problem:  # its own declaration: whether it has a GPU key is unknown
-            report.append(PoolUse(root, tenant, (), unreadable=str(problem)))
-            continue
-        if not budget:
-            continue  # bounded on other quotas only: no GPU budget to report
-        try:
-            pools.require_readable(root)
-        except FailedClosed as problem:
-            report.append(PoolUse(root, tenant, (), unreadable=str(problem)))
-            continue
-        declared = sorted(budget)
-        keys = tuple(pools.key_use(root, key, known) for key in declared)
-        apps = []
-        unclassed: Counter[str] = Counter()
-        for app in pools.members(root):
-            held = pools.held(app, known)
-            units = tuple((key, held.get(key)) for key in declared if held.get(key))
-            if units:
-                apps.append(AppUse(app.kind, app.namespace, app.name, units))
-            unclassed.update(held.unclassed)
-        apps.sort(key=lambda a: (a.namespace, a.kind, a.name))
-        report.append(
-            PoolUse(root, tenant, keys, tuple(apps), unclassed=tuple(sorted(unclassed.items())))
-        )
-    return tuple(report)
+    return tuple(
+        use for root in sorted(pools.bounded) if (use := _pool_use(pools, root, known)) is not None
+    )
+
+
+def pool_usage(
+    tenancy: Tenancy, classes: Iterable[ClassIdentity], namespace: str
+) -> PoolUse | None:
+    """The pool of the tenant owning the namespace, as `budget_usage` gives it; None where that
+    tenant is not bounded or declares no GPU key."""
+    pools = Pools(tenancy.tenants, tenancy.apps)
+    if namespace not in pools.bounded:
+        return None
+    return _pool_use(pools, namespace, tuple(classes))
+
+
+def _pool_use(pools: Pools, root: str, known: tuple[ClassIdentity, ...]) -> PoolUse | None:
+    tenant = pools.tenant(root).name or ""
+    try:
+        budget = pools.budget(root)
+    except FailedClosed as problem:  # its own declaration: whether it has a GPU key is unknown
+        return PoolUse(root, tenant, (), unreadable=str(problem))
+    if not budget:
+        return None  # bounded on other quotas only: no GPU budget to report
+    try:
+        pools.require_readable(root)
+    except FailedClosed as problem:
+        return PoolUse(root, tenant, (), unreadable=str(problem))
+    declared = sorted(budget)
+    keys = tuple(pools.key_use(root, key, known) for key in declared)
+    apps = []
+    unclassed: Counter[str] = Counter()
+    for app in pools.members(root):
+        held = pools.held(app, known)
+        units = tuple((key, held.get(key)) for key in declared if held.get(key))
+        if units:
+            apps.append(AppUse(app.kind, app.namespace, app.name, units))
+        unclassed.update(held.unclassed)
+    apps.sort(key=lambda a: (a.namespace, a.kind, a.name))
+    return PoolUse(root, tenant, keys, tuple(apps), unclassed=tuple(sorted(unclassed.items())))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
-from hooks.rules.budget.usage import AppUse, PoolUse, budget_usage
+from hooks.rules.budget.usage import AppUse, PoolUse, budget_usage, pool_usage
 from tests.profiles import examples
 from tests.rules.budget.test_invariant import (
     BUDGET_KEYS,
@@ -64,6 +64,22 @@ def grown_then_lowered(draw: st.DrawFn) -> Cluster:
         lowered[key] = draw(st.integers(0, max(lowered[key] - 1, 0)))
         cluster.tenants[tenant] = lowered
     return cluster
+
+
+@settings(
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(cluster=grown_then_lowered())
+def test_one_pools_usage_is_that_pool_in_every_pools(cluster: Cluster) -> None:
+    """A pool's report computes its own pool alone: the same figures, and none for a namespace
+    whose tenant has no GPU budget (or that no tenant owns)."""
+    tenancy = cluster.everything()
+    every = {pool.namespace: pool for pool in budget_usage(tenancy, CLASSES)}
+    namespaces = {tenant.owned_namespace for tenant in tenancy.tenants} | {"tenant-nobody"}
+    for namespace in sorted(n for n in namespaces if n is not None):
+        assert pool_usage(tenancy, CLASSES, namespace) == every.get(namespace)
 
 
 @settings(
