@@ -379,7 +379,9 @@ def measure(
         top_level, _ = RELEASES[size]
         pools = top_level * (1 + report.SUB_TENANTS // 2)
         classes = list(generate(size).classes)
-        with live_server(service_env(plane, workdir), workdir) as hooks:
+        env = service_env(plane, workdir)
+        plane.namespace(env["GPUCLASS_BUDGET_CLASSES_NAMESPACE"])  # the release's
+        with live_server(env, workdir) as hooks:
             plane.apply(*controllers(hooks.url))
             apiserver = apiserver_pid(workdir)
             for go_env in go_envs:

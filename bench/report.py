@@ -27,6 +27,7 @@ from typing import Any
 from bench.run import post, serve
 from hooks.cli import offline
 from hooks.controllers import budget_report
+from hooks.settings import Settings
 from hooks.wire.metacontroller import decode_report_sync, encode
 from tests.builders import helmrelease
 
@@ -200,7 +201,7 @@ def pool_bodies(apps_per_tenant: int) -> dict[str, bytes]:
         name: json.dumps(
             {"controller": controller, **body, "finalizing": False}, separators=(",", ":")
         ).encode()
-        for name, body in offline.pool_requests(inventory).items()
+        for name, body in offline.pool_requests(inventory, Settings()).items()
     }
 
 

@@ -26,8 +26,8 @@ from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
     CustomizeRequest,
-    DecoratorSyncRequest,
     check_report_target,
+    decode_class_index_sync,
     decode_composite_sync,
     decode_decorator_sync,
     decode_envelope,
@@ -197,7 +197,7 @@ def tenant_namespace_sync(inputs: HookInputs, body: bytes) -> Answer:
 
 def report_customize(inputs: HookInputs, body: bytes) -> Answer:
     parent = decode_namespace(decode_envelope(body, CustomizeRequest).parent, "parent")
-    answer = budget_report.customize(parent.metadata.name)
+    answer = budget_report.customize(parent.metadata.name, inputs.settings.budget_classes_namespace)
     return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
 
 
@@ -221,15 +221,28 @@ def report_sync(inputs: HookInputs, body: bytes) -> Answer:
     )
 
 
-def retired_report_sync(inputs: HookInputs, body: bytes) -> Answer:
-    """The report of earlier versions, attached to the release's ClusterRole: answered with no
-    attachment, so that Metacontroller deletes what it attached there."""
-    request = decode_envelope(body, DecoratorSyncRequest)
-    check_report_target(request.object, "object")
-    if request.attachments is None:
-        raise BadRequest("request has no attachments")
-    answer = budget_report.retired_sync()
-    return Answer(encode(answer), {"outcome": "retired"})
+def class_index_customize(inputs: HookInputs, body: bytes) -> Answer:
+    parent = decode_envelope(body, CustomizeRequest).parent
+    check_report_target(parent, "parent")
+    answer = budget_report.index_customize()
+    return Answer(encode(answer), {"outcome": "ok", "rules": len(answer.related_resources)})
+
+
+def class_index_sync(inputs: HookInputs, body: bytes) -> Answer:
+    """The class index the pools' reports read, attached to the release's ClusterRole."""
+    request = decode_class_index_sync(body)
+    answer = budget_report.index_sync(request, inputs.settings.budget_classes_namespace)
+    classes = request.classes
+    return Answer(
+        encode(answer),
+        {
+            "outcome": "ok" if classes is not None else "stale_related",
+            "classes": len(classes.objects) if classes else 0,
+        },
+        skipped=[
+            f"GPUClass {name}: does not decode" for name in (classes.invalid if classes else [])
+        ],
+    )
 
 
 Review = Callable[[AdmissionRequest, BudgetInputs], BudgetOutcome]
@@ -284,7 +297,8 @@ HOOKS: tuple[Hook, ...] = (
     Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, forkable=True),
     Hook("/budget-pools/customize", "metacontroller", report_customize, forkable=True),
     Hook("/budget-pools/sync", "metacontroller", report_sync, forkable=True),
-    Hook("/budget-report/sync", "metacontroller", retired_report_sync, forkable=True),
+    Hook("/budget-report/customize", "metacontroller", class_index_customize, forkable=True),
+    Hook("/budget-report/sync", "metacontroller", class_index_sync, forkable=True),
     Hook("/admit/gpu-budget", "apiserver", app_budget),
     Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
 )

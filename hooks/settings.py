@@ -244,6 +244,14 @@ class Settings(BaseSettings):
         chart="controllers.statusResyncPeriodSeconds",
         gt=0,
     )
+    budget_classes_namespace: str = setting(
+        "cozy-gpu",
+        "namespace of the class index the budget report reads, a ConfigMap "
+        "`gpuclass-budget-classes` written there by Metacontroller",
+        not_in_chart="the chart sets the release's namespace",
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+    )
     budget_report_resync_seconds: float = setting(
         600.0,
         "the budget report's resync period: a pool's metrics are dropped three periods after "

@@ -78,9 +78,9 @@ def plan(args: argparse.Namespace) -> int:
         print(f"plan: no class named {args.explain} in the input", file=sys.stderr)
         return EXIT_USAGE
     if args.output == "table":
-        sys.stdout.write(offline.render_text(plans, inventory, args.explain))
+        sys.stdout.write(offline.render_text(plans, inventory, settings, args.explain))
         return 0
-    doc = offline.document(plans, inventory, args.explain)
+    doc = offline.document(plans, inventory, settings, args.explain)
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     else:

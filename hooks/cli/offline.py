@@ -35,11 +35,15 @@ from hooks.wire.kube import KubeVirt, ObjectMeta, Secret
 from hooks.wire.metacontroller import (
     CONFIGMAPS,
     GPUCLASS_API_VERSION,
+    GPUCLASSES,
     RELATED_KINDS,
+    REPORT_TARGET_API_VERSION,
+    REPORT_TARGET_KIND,
     SECRETS,
     CustomizeRequest,
     RelatedKind,
     RelatedRule,
+    decode_class_index_sync,
     decode_composite_sync,
     decode_decorator_sync,
     decode_report_sync,
@@ -393,21 +397,46 @@ def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
     return Inventory(objects, inventory.kubevirt, inventory.unknown)
 
 
-def pool_requests(inventory: Inventory) -> dict[str, dict[str, Any]]:
+def class_index(inventory: Inventory, settings: Settings) -> dict[str, Any]:
+    """The class index as the index controller's sync writes it from the dump's GPUClasses."""
+    classes = inventory.objects.get((GPUCLASS_API_VERSION, "gpuclasses"), [])
+    body = {
+        "object": {
+            "apiVersion": REPORT_TARGET_API_VERSION,
+            "kind": REPORT_TARGET_KIND,
+            "metadata": {"name": "plan"},
+        },
+        "attachments": {},
+        "related": {GPUCLASSES: {c["metadata"]["name"]: c for c in classes}},
+    }
+    answer = budget_report.index_sync(
+        decode_class_index_sync(_bytes(body)), settings.budget_classes_namespace
+    )
+    [index] = answer.attachments
+    built: dict[str, Any] = msgspec.to_builtins(index)
+    return built
+
+
+def pool_requests(inventory: Inventory, settings: Settings) -> dict[str, dict[str, Any]]:
     """Each tenant namespace's report sync request, as Metacontroller would send it once the
-    labeller's syncs labelled every tenant namespace: what the report's rules select (ConfigMaps
-    aside: none is in a dump plan reads)."""
+    labeller's syncs labelled every tenant namespace and the class index is written: what the
+    report's rules select (of ConfigMaps, the class index alone: no `gpu-budget` is in a dump plan
+    reads)."""
     namespaces = _tenant_namespaces(inventory)
     labelled = _labelled(inventory, namespaces)
     by_name = {ns["metadata"]["name"]: ns for ns in labelled.objects[NAMESPACES_RESOURCE]}
+    index = class_index(inventory, settings)
+    index_key = f"{index['metadata']['namespace']}/{index['metadata']['name']}"
     requests = {}
     for name in namespaces:
         rules = [
             rule
-            for rule in budget_report.customize(name).related_resources
+            for rule in budget_report.customize(
+                name, settings.budget_classes_namespace
+            ).related_resources
             if (rule.api_version, rule.resource) in BY_RESOURCE
         ]
-        related = {**select_related(rules, labelled), CONFIGMAPS: {}}
+        related = {**select_related(rules, labelled), CONFIGMAPS: {index_key: index}}
         requests[name] = {
             "object": by_name[name],
             "attachments": {CONFIGMAPS: {}},
@@ -416,7 +445,7 @@ def pool_requests(inventory: Inventory) -> dict[str, dict[str, Any]]:
     return requests
 
 
-def budget_pools(inventory: Inventory) -> tuple[PoolUse, ...] | None:
+def budget_pools(inventory: Inventory, settings: Settings) -> tuple[PoolUse, ...] | None:
     """The budget report's pools on the dump's releases and classes, each computed by the
     report's own sync from what Metacontroller would send it (`pool_requests`); None when the dump
     holds no HelmRelease. ConfigMaps are not read: a tenant's own `gpu-budget` changes where the
@@ -425,13 +454,16 @@ def budget_pools(inventory: Inventory) -> tuple[PoolUse, ...] | None:
         return None
     return tuple(
         pool
-        for body in pool_requests(inventory).values()
+        for body in pool_requests(inventory, settings).values()
         for pool in budget_report.sync(decode_report_sync(_bytes(body))).pools or ()
     )
 
 
 def document(
-    plans: list[OfflineClass], inventory: Inventory, explain_class: str | None
+    plans: list[OfflineClass],
+    inventory: Inventory,
+    settings: Settings,
+    explain_class: str | None,
 ) -> dict[str, Any]:
     """The machine-readable plan: the exact status and (redacted) attachments of each class."""
     classes = []
@@ -448,7 +480,7 @@ def document(
         if plan.name == explain_class:
             entry["nodes"] = explain(plan)
         classes.append(entry)
-    pools = budget_pools(inventory)
+    pools = budget_pools(inventory, settings)
     budgets = None if pools is None else [budget_report.report_document(pool) for pool in pools]
     return {
         "classes": classes,
@@ -458,8 +490,10 @@ def document(
     }
 
 
-def render_text(plans: list[OfflineClass], inventory: Inventory, explain_class: str | None) -> str:
-    doc = document(plans, inventory, explain_class)
+def render_text(
+    plans: list[OfflineClass], inventory: Inventory, settings: Settings, explain_class: str | None
+) -> str:
+    doc = document(plans, inventory, settings, explain_class)
     rows = [["CLASS", "RESOURCE", "FREE", "MAX/NODE", "READY", "NOT FINE"]]
     for entry in doc["classes"]:
         status_doc = entry["status"]

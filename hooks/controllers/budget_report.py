@@ -1,16 +1,22 @@
-"""DecoratorController `gpuclass-budget-pools`: every GPU budget pool's use, for people to read.
+"""DecoratorControllers of the budget report: every GPU budget pool's use, for people to read.
 
-Its targets are the tenant namespaces (labelled by `gpuclass-tenant-namespaces`); each pool
-root's attachment is a ConfigMap `gpu-budget` in its own namespace, holding its own pool's figures
-(`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that reserve. A
-target's related objects are what its pool's arithmetic reads and nothing more
-(`hooks.rules.budget.subtrees`): the Tenant releases that could claim it, every Tenant, VMInstance
-and KubernetesNodes release in the namespaces labelled into its subtree, those namespaces (one
-labelled later re-syncs the report), the GPUClasses, and a ConfigMap `gpu-budget` in its own
-namespace (one that is not its attachment is a tenant's own, and is never written over). So a
-change re-syncs only the pools above it, each with its own subtree. The rules depend on the
-namespace's name alone: a target that is not bounded selects no subtree and gets no report. The
-webhook never reads the report.
+`gpuclass-budget-pools`: its targets are the tenant namespaces (labelled by
+`gpuclass-tenant-namespaces`); each pool root's attachment is a ConfigMap `gpu-budget` in its own
+namespace, holding its own pool's figures (`hooks.rules.budget.usage`, the arithmetic the webhook
+applies) and the apps that reserve. A target's related objects are what its pool's arithmetic
+reads and nothing more (`hooks.rules.budget.subtrees`): the Tenant releases that could claim it,
+every Tenant, VMInstance and KubernetesNodes release in the namespaces labelled into its subtree,
+those namespaces (one labelled later re-syncs the report), the class index, and a ConfigMap
+`gpu-budget` in its own namespace (one that is not its attachment is a tenant's own, and is never
+written over). So a change re-syncs only the pools above it, each with its own subtree. The rules
+depend on the namespace's name alone: a target that is not bounded selects no subtree and gets no
+report. The webhook never reads the report.
+
+`gpuclass-budget-report`: its one target is the release's ClusterRole, and its attachment the
+class index, a ConfigMap `gpuclass-budget-classes` in the release's namespace holding what the
+arithmetic reads of each GPUClass (name, age, deletion, resource). The pools relate that ConfigMap
+instead of the GPUClasses: a class's status is written whenever its free units change, and each
+write would re-sync every pool; the index changes only when a class's identity does.
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ from hooks.rules.budget.tenancy import (
     Tenant,
 )
 from hooks.rules.budget.usage import PoolUse, pool_usage
-from hooks.rules.classes import class_identity
+from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.rules.invalid import InvalidObject
 from hooks.wire.cozystack import KIND_LABEL
 from hooks.wire.kube import ConfigMap
 from hooks.wire.metacontroller import (
     GPUCLASS_API_VERSION,
+    ClassIndexSync,
     CustomizeResponse,
     DecoratorSyncResponse,
     LabelSelector,
@@ -55,8 +62,10 @@ from hooks.wire.text import table
 
 REPORT_NAME = "gpu-budget"
 REPORT_LABEL = "gpuclass.cozystack.io/budget-report"
+CLASS_INDEX_NAME = "gpuclass-budget-classes"
+CLASS_INDEX_KEY = "classes.json"
 
-ReportResult = Literal["ok", "stale_related"]
+ReportResult = Literal["ok", "stale_related", "no_class_index"]
 
 
 class ReportMetadata(msgspec.Struct, kw_only=True):
@@ -83,7 +92,78 @@ class ReportOutcome:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def customize(namespace: str) -> CustomizeResponse:
+class IndexedClass(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    name: str
+    created: str | None
+    deleting: bool
+    resource_name: str | None
+
+
+class ClassIndex(msgspec.Struct, frozen=True, kw_only=True):
+    """What the budget arithmetic reads of the GPUClasses: each class's identity, and the names
+    of those that do not decode (a device of one maps to no key, so no pool's figures can be
+    known)."""
+
+    classes: list[IndexedClass]
+    undecodable: list[str]
+
+    def identities(self) -> list[ClassIdentity]:
+        return [ClassIdentity(c.name, c.created, c.deleting, c.resource_name) for c in self.classes]
+
+
+_INDEX = msgspec.json.Decoder(ClassIndex)
+
+
+def index_customize() -> CustomizeResponse:
+    return CustomizeResponse(
+        related_resources=[RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses")]
+    )
+
+
+def index_sync(request: ClassIndexSync, namespace: str) -> DecoratorSyncResponse:
+    """The class index in the release's namespace (`namespace`). Attaching it also drops what
+    the ClusterRole owned before, the one-target reports of earlier versions, which the pool
+    reports could not write over (nothing adopts another owner's object). Without the classes
+    the request cannot be trusted: no attachment is kept, none is written."""
+    if request.classes is None:
+        return DecoratorSyncResponse(
+            attachments=[], status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
+        )
+    index = ClassIndex(
+        classes=sorted(
+            (
+                IndexedClass(
+                    name=i.name,
+                    created=i.created,
+                    deleting=i.deleting,
+                    resource_name=i.resource_name,
+                )
+                for i in map(class_identity, request.classes.objects)
+            ),
+            key=lambda c: c.name,
+        ),
+        undecodable=sorted(request.classes.invalid),
+    )
+    attachment = ReportConfigMap(
+        metadata=ReportMetadata(name=CLASS_INDEX_NAME, namespace=namespace, labels={}),
+        data={CLASS_INDEX_KEY: msgspec.json.encode(index).decode()},
+    )
+    return DecoratorSyncResponse(attachments=[attachment], status=None)
+
+
+def read_class_index(config_maps: list[ConfigMap]) -> ClassIndex | str | None:
+    """The class index among a pool's related ConfigMaps (only the one in the release's namespace
+    is sent under that name); None when there is none, the problem when it cannot be read."""
+    for config_map in config_maps:
+        if config_map.metadata.name == CLASS_INDEX_NAME:
+            try:
+                return _INDEX.decode(config_map.data.get(CLASS_INDEX_KEY, ""))
+            except msgspec.DecodeError:
+                return f"{CLASS_INDEX_KEY} does not decode"
+    return None
+
+
+def customize(namespace: str, index_namespace: str) -> CustomizeResponse:
     chain = namespace_chain(namespace)
     if not chain:
         return CustomizeResponse(related_resources=[])
@@ -106,7 +186,12 @@ def customize(namespace: str) -> CustomizeResponse:
                 namespace_selector=in_subtree,
             ),
             RelatedRule(api_version="v1", resource="namespaces", label_selector=in_subtree),
-            RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses"),
+            RelatedRule(
+                api_version="v1",
+                resource="configmaps",
+                namespace=index_namespace,
+                names=[CLASS_INDEX_NAME],
+            ),
             RelatedRule(
                 api_version="v1", resource="configmaps", namespace=namespace, names=[REPORT_NAME]
             ),
@@ -193,34 +278,40 @@ def sync(request: ReportSync) -> ReportOutcome:
     namespace = request.target.metadata.name
     attached = list(request.attached.objects) if request.attached else []
     if namespace_chain(namespace) and (
-        request.releases is None
-        or request.classes is None
-        or request.same_named is None
-        or not request.subtree_sent
+        request.releases is None or request.config_maps is None or not request.subtree_sent
     ):
         # Selected by other rules than today's: keep the report until customize is asked again.
         response = DecoratorSyncResponse(
             attachments=_kept(attached), status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
         )
         return ReportOutcome(response, "stale_related", counts={"kept": len(attached)})
+    config_maps = request.config_maps.objects if request.config_maps else []
+    index = read_class_index(config_maps)
+    if namespace_chain(namespace) and not isinstance(index, ClassIndex):
+        # Not written yet (a first install), or unreadable: keep the report as it is. Writing
+        # the index re-syncs every pool.
+        unreadable = () if index is None else (InvalidObject("ConfigMap", CLASS_INDEX_NAME, index),)
+        response = DecoratorSyncResponse(attachments=_kept(attached), status=None)
+        return ReportOutcome(
+            response, "no_class_index", invalid=unreadable, counts={"kept": len(attached)}
+        )
     objects = [release_object(raw) for raw in request.releases or []]
     tenancy = Tenancy(
         tuple(o for o in objects if isinstance(o, Tenant)),
         tuple(o for o in objects if isinstance(o, App)),
     )
-    classes = [class_identity(c) for c in request.classes.objects] if request.classes else []
+    classes = index.identities() if isinstance(index, ClassIndex) else []
     own = pool_usage(tenancy, classes, namespace)
     pools: tuple[PoolUse, ...] = () if own is None else (own,)
-    invalid = tuple(
-        InvalidObject("GPUClass", name, "does not decode")
-        for name in (request.classes.invalid if request.classes else [])
-    )
+    undecodable = index.undecodable if isinstance(index, ClassIndex) else []
+    invalid = tuple(InvalidObject("GPUClass", name, "does not decode") for name in undecodable)
     if invalid:
         # A device of that class maps to no key: every figure could be short.
         problem = f"GPUClass {invalid[0].name}: does not decode"
         pools = tuple(PoolUse(p.namespace, p.tenant, (), (), problem) for p in pools)
-    same_named = request.same_named.objects if request.same_named else []
-    taken = not attached and any(c.metadata.name == REPORT_NAME for c in same_named)
+    taken = not attached and any(
+        c.metadata.name == REPORT_NAME and c.metadata.namespace == namespace for c in config_maps
+    )
     writable = not request.target.terminating
     reports = [_report(p) for p in pools if not taken and writable]
     response = DecoratorSyncResponse(attachments=reports, status=None)
@@ -236,11 +327,3 @@ def sync(request: ReportSync) -> ReportOutcome:
             "unwritable": 0 if writable else len(pools),
         },
     )
-
-
-def retired_sync() -> DecoratorSyncResponse:
-    """The answer to the report of versions before the per-pool one (its target the release's
-    ClusterRole): no attachment, so Metacontroller deletes the reports it attached there, which
-    the pool reports cannot write over (nothing adopts another owner's object). Its controller
-    stays in the chart for upgrades from those versions."""
-    return DecoratorSyncResponse(attachments=[], status=None)

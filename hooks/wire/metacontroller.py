@@ -316,7 +316,6 @@ def decode_objects(group: Mapping[str, msgspec.Raw], kind: type[T]) -> DecodedGr
 
 class _ReportGroups(msgspec.Struct):
     releases: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=HELMRELEASES)
-    classes: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=GPUCLASSES)
     config_maps: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=CONFIGMAPS)
     namespaces: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=NAMESPACES)
 
@@ -345,15 +344,15 @@ def decode_namespace(raw: msgspec.Raw, field: str) -> TargetNamespace:
 @dataclass(frozen=True)
 class ReportSync:
     """A pool report's sync request: its namespace, each release still raw (the budget rules read
-    each on its own, and mark what does not decode), the classes and ConfigMaps decoded; a group
-    is None when the request did not carry it. The namespaces labelled into the pool are related
-    only so that one newly labelled re-syncs the report, which reads none of them: of that group
-    only whether the request carried it is kept (`subtree_sent`)."""
+    each on its own, and mark what does not decode), the ConfigMaps decoded (its own `gpu-budget`
+    and the class index); a group is None when the request did not carry it. The namespaces
+    labelled into the pool are related only so that one newly labelled re-syncs the report, which
+    reads none of them: of that group only whether the request carried it is kept
+    (`subtree_sent`)."""
 
     target: TargetNamespace
     releases: list[msgspec.Raw] | None
-    classes: DecodedGroup | None
-    same_named: DecodedGroup | None
+    config_maps: DecodedGroup | None
     subtree_sent: bool
     attached: DecodedGroup | None
 
@@ -374,11 +373,41 @@ _TARGET = msgspec.json.Decoder(_Target)
 
 
 def check_report_target(raw: msgspec.Raw, field: str) -> str:
-    """The retired budget report's target (the release's ClusterRole): its name, or BadRequest
-    for anything else."""
+    """The class index's target (the release's ClusterRole): its name, or BadRequest for
+    anything else."""
     target = _named_object(raw, field, _TARGET, REPORT_TARGET_API_VERSION, REPORT_TARGET_KIND)
     name: str = target.metadata.name
     return name
+
+
+class _IndexGroups(msgspec.Struct):
+    classes: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=GPUCLASSES)
+
+
+class _ClassIndexSync(msgspec.Struct):
+    object: msgspec.Raw = msgspec.Raw()
+    attachments: dict[str, msgspec.Raw] | None = None
+    related: _IndexGroups = msgspec.field(default_factory=_IndexGroups)
+
+
+_CLASS_INDEX = msgspec.json.Decoder(_ClassIndexSync)
+
+
+@dataclass(frozen=True)
+class ClassIndexSync:
+    """The class index's sync request: the GPUClasses decoded, None when the request did not
+    carry them (the attachments are not read: the index is rebuilt whole)."""
+
+    classes: DecodedGroup | None
+
+
+def decode_class_index_sync(body: bytes) -> ClassIndexSync:
+    """A sync of the release's ClusterRole, with its attachments, or BadRequest."""
+    request = decode_request(_CLASS_INDEX, body, "request envelope")
+    check_report_target(request.object, "object")
+    if request.attachments is None:
+        raise BadRequest("request has no attachments")
+    return ClassIndexSync(_decoded_each(request.related.classes, GPUClass))
 
 
 def _decoded_each(group: Mapping[str, msgspec.Raw] | None, kind: type) -> DecodedGroup | None:
@@ -396,7 +425,6 @@ def decode_report_sync(body: bytes) -> ReportSync:
     return ReportSync(
         target,
         list(related.releases.values()) if related.releases is not None else None,
-        _decoded_each(related.classes, GPUClass),
         _decoded_each(related.config_maps, ConfigMap),
         related.namespaces is not None,
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),

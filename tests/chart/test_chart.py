@@ -162,6 +162,7 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         "gpuclass-tenant-namespaces/sync",
         "gpuclass-budget-pools/customize",
         "gpuclass-budget-pools/sync",
+        "gpuclass-budget-report/customize",
         "gpuclass-budget-report/sync",
     }
     service = one(default_render, "Service")
@@ -273,11 +274,12 @@ def test_budget_pools_controller_decorates_the_tenant_namespaces(
     }
 
 
-def test_the_retired_report_decorates_the_releases_cluster_role_with_a_sync_only(
+def test_the_class_index_decorates_the_releases_cluster_role_in_its_namespace(
     default_render: list[dict[str, Any]],
 ) -> None:
-    """Earlier versions attached their reports to the release's ClusterRole; this controller,
-    whose sync attaches nothing, has Metacontroller delete them on upgrade."""
+    """One target, the release's ClusterRole (where earlier versions attached their one-target
+    reports, which the index's sync replaces); the index lives in the release's namespace, which
+    the service is told, and is updated in place as classes change."""
     spec = decorator(default_render, "gpuclass-budget-report")["spec"]
     [resource] = spec["resources"]
     assert (resource["apiVersion"], resource["resource"]) == (
@@ -290,9 +292,15 @@ def test_the_retired_report_decorates_the_releases_cluster_role_with_a_sync_only
         if resource["labelSelector"]["matchLabels"].items() <= r["metadata"]["labels"].items()
     ]
     assert [t["metadata"]["name"] for t in targets] == ["gpu-gpuclass-hooks"]
-    assert spec["attachments"] == [{"apiVersion": "v1", "resource": "configmaps"}]
-    assert set(spec["hooks"]) == {"sync"}
+    assert spec["attachments"] == [
+        {"apiVersion": "v1", "resource": "configmaps", "updateStrategy": {"method": "InPlace"}}
+    ]
+    assert set(spec["hooks"]) == {"customize", "sync"}
     assert "resyncPeriodSeconds" not in spec
+    release_namespace = "cozy-gpu"  # render's
+    assert env_of(default_render)["GPUCLASS_BUDGET_CLASSES_NAMESPACE"] == release_namespace
+    elsewhere = render(namespace="gpu-system")
+    assert env_of(elsewhere)["GPUCLASS_BUDGET_CLASSES_NAMESPACE"] == "gpu-system"
 
 
 def test_deployment_is_hardened(default_render: list[dict[str, Any]]) -> None:
@@ -480,6 +488,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_METRICS_REQUIRE_AUTH": "true",
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",
+        "GPUCLASS_BUDGET_CLASSES_NAMESPACE": "cozy-gpu",
         "GPUCLASS_BUDGET_REPORT_RESYNC_SECONDS": "600",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
         "GPUCLASS_ADMISSION_TIMEOUT_SECONDS": "10",

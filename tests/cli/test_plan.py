@@ -510,7 +510,7 @@ def hand_built_requests(
 def test_plan_json_equals_the_hooks_answers_for_the_same_objects(tmp_path: Path) -> None:
     settings = Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
     inv = offline.load([CLUSTER], settings)
-    doc = offline.document(offline.run_offline(inv, settings, NOW), inv, None)
+    doc = offline.document(offline.run_offline(inv, settings, NOW), inv, settings, None)
     # Worked out by hand from examples/cluster.yaml: h100 has gpu-h100-1's 4 less 2 requested
     # (gpu-h100-2's taint is not tolerated); h100-legacy is the younger class on that resource;
     # l40s-24q has gpu-l40s-1's 2 less 1 requested (gpu-l40s-2 is cordoned); only tenant-a gets a
@@ -804,12 +804,15 @@ def test_the_budgets_plan_shows_are_the_figures_the_live_reports_write(
     the labeller labelled the namespaces (as plan simulates both controllers); the rules are
     those the live customize gives."""
     client = create_app(settings).test_client()
-    requests = offline.pool_requests(offline.load([TENANCY], Settings()))
+    requests = offline.pool_requests(offline.load([TENANCY], settings), settings)
     written = []
     for name, body in requests.items():
         answer = client.post("/budget-pools/customize", json={"parent": body["object"]})
         rules = msgspec.json.decode(answer.data, type=CustomizeResponse).related_resources
-        assert rules == budget_report.customize(name).related_resources
+        assert (
+            rules
+            == budget_report.customize(name, settings.budget_classes_namespace).related_resources
+        )
         answer = client.post("/budget-pools/sync", json=body).get_json()
         written += [json.loads(c["data"]["budget.json"]) for c in answer["attachments"]]
     assert len(written) == 3

@@ -28,6 +28,7 @@ from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.budget.usage import PoolUse, budget_usage
 from hooks.rules.classes import ClassIdentity
+from hooks.settings import Settings
 from hooks.wire.metacontroller import decode_report_sync
 from tests.builders import inventory_of, scoped_tenancy
 from tests.profiles import examples
@@ -84,7 +85,7 @@ class Cluster:
     def report(self) -> dict[str, PoolUse]:
         """Each pool's report, computed by its own sync from what its rules select once the
         labeller's syncs labelled every tenant namespace (`hooks.cli.offline.pool_requests`)."""
-        requests = offline.pool_requests(inventory_of(self.items()))
+        requests = offline.pool_requests(inventory_of(self.items()), Settings())
         found = {}
         for namespace, body in requests.items():
             outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))

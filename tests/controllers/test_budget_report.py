@@ -1,8 +1,9 @@
 """The budget report's hooks through HTTP (Flask's test client), with Metacontroller-shaped
 requests (each tenant namespace's, as its rules select them once the namespaces are labelled):
 one ConfigMap `gpu-budget` per GPU budget pool, holding its own figures only, never written over a
-tenant's own, kept while the request cannot be trusted; its metrics; the retired report of
-earlier versions."""
+tenant's own, kept while the request cannot be trusted; its metrics; the class index the pools
+read, attached to the release's ClusterRole, which also replaces the one-target report of earlier
+versions."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ TOTAL = "gpuclass.cozystack.io/devices"
 L40S_KEY = "l40s-24q.gpuclass.cozystack.io/devices"
 L40S = "nvidia.com/NVIDIA_L40S-24Q"
 GPUCLASSES = "GPUClass.cozystack.io/v1alpha1"
+REPORT_LABELS = {"gpuclass.cozystack.io/budget-report": "true"}
 
 
 @pytest.fixture
@@ -50,7 +52,9 @@ def client(settings: Settings, metrics: Metrics) -> FlaskClient:
 def requests(items: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Each tenant namespace's sync request, as Metacontroller sends it once every namespace is
     labelled (examples/tenancy.yaml unless told otherwise)."""
-    return offline.pool_requests(inventory_of(tenancy_items() if items is None else items))
+    return offline.pool_requests(
+        inventory_of(tenancy_items() if items is None else items), Settings()
+    )
 
 
 def answered(client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -150,7 +154,7 @@ def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: Fl
 def test_a_tenants_own_configmap_of_that_name_is_never_written_over(client: FlaskClient) -> None:
     body = requests()["tenant-acme"]
     tenants_own = config_map("tenant-acme", {"notes": "mine"}, uid="theirs")
-    body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": tenants_own}
+    body["related"][CONFIGMAPS]["tenant-acme/gpu-budget"] = tenants_own
     assert answered(client, body) == []
 
 
@@ -164,7 +168,7 @@ def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
         annotations={"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-pools"},
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
-    body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
+    body["related"][CONFIGMAPS]["tenant-acme/gpu-budget"] = ours
     [report] = answered(client, body)
     assert document(report)["keys"][0]["reserved"] == 3
 
@@ -197,7 +201,7 @@ def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> Non
     assert "tenant-acme-lab" not in reports(client, requests(items))
 
 
-@pytest.mark.parametrize("group", [HELMRELEASES, GPUCLASSES, CONFIGMAPS, NAMESPACES])
+@pytest.mark.parametrize("group", [HELMRELEASES, CONFIGMAPS, NAMESPACES])
 def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
     client: FlaskClient, group: str
 ) -> None:
@@ -223,20 +227,124 @@ def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
     ]
 
 
+def index_of(client: FlaskClient, classes: dict[str, Any]) -> dict[str, Any]:
+    """The class index the index's sync writes for these GPUClasses, as Metacontroller sends it
+    to the pools."""
+    body = json.loads(example_of("/budget-report/sync"))
+    body["related"][GPUCLASSES] = classes
+    answer = client.post("/budget-report/sync", json=body)
+    assert answer.status_code == 200, answer.get_data()
+    [index] = answer.get_json()["attachments"]
+    assert set(answer.get_json()) == {"attachments", "status"}
+    index: dict[str, Any]
+    return index
+
+
+def with_index(bodies: dict[str, dict[str, Any]], index: dict[str, Any]) -> None:
+    key = f"{index['metadata']['namespace']}/{index['metadata']['name']}"
+    for body in bodies.values():
+        body["related"][CONFIGMAPS] = {key: index}
+
+
+def example_classes() -> dict[str, Any]:
+    classes: dict[str, Any] = json.loads(example_of("/budget-report/sync"))["related"][GPUCLASSES]
+    return classes
+
+
 def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
     client: FlaskClient,
 ) -> None:
-    """A device of that class maps to no key, so every figure could be short."""
+    """A device of that class maps to no key, so every figure could be short: the index names
+    it, and every pool reading the index says so."""
     bodies = requests()
-    for body in bodies.values():
-        if GPUCLASSES in body["related"]:
-            body["related"][GPUCLASSES]["broken"] = {"metadata": []}
+    with_index(bodies, index_of(client, {**example_classes(), "broken": {"metadata": []}}))
     found = reports(client, bodies)
     assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
     assert all(document(r)["keys"] == [] for r in found.values())
     assert {document(r)["unreadable"] for r in found.values()} == {
         "GPUClass broken: does not decode"
     }
+
+
+def test_the_class_index_holds_each_classs_identity_in_the_releases_namespace(
+    client: FlaskClient, settings: Settings
+) -> None:
+    index = index_of(client, example_classes())
+    assert index["metadata"] == {
+        "name": "gpuclass-budget-classes",
+        "namespace": settings.budget_classes_namespace,
+        "labels": {},
+    }
+    assert json.loads(index["data"]["classes.json"]) == {
+        "classes": [
+            {
+                "name": "h100",
+                "created": "2026-01-02T00:00:00Z",
+                "deleting": False,
+                "resourceName": "nvidia.com/GH100_H100_PCIE",
+            },
+            {
+                "name": "l40s-24q",
+                "created": "2026-01-01T00:00:00Z",
+                "deleting": False,
+                "resourceName": L40S,
+            },
+        ],
+        "undecodable": [],
+    }
+
+
+def test_a_class_status_write_leaves_the_class_index_as_it_is(client: FlaskClient) -> None:
+    """A class's status changes with every pod on its nodes: were the index to change with it,
+    each write would re-sync every pool's report."""
+    classes = example_classes()
+    before = index_of(client, classes)
+    for gpuclass in classes.values():
+        gpuclass["status"] = {"free": 7, "observedGeneration": 3, "conditions": []}
+        gpuclass["metadata"]["resourceVersion"] = "999"
+    assert index_of(client, classes) == before
+
+
+def test_the_pools_read_the_class_index_not_the_gpuclasses(client: FlaskClient) -> None:
+    """What a report says of a class comes from the index: a class the index does not know
+    leaves its devices unclassed, counted under the total key."""
+    bodies = requests()
+    with_index(bodies, index_of(client, {}))
+    acme = reports(client, bodies)["tenant-acme"]
+    assert document(acme)["unclassed"] == [
+        {"resource": "nvidia.com/GH100_H100_PCIE", "devices": 1},
+        {"resource": L40S, "devices": 2},
+    ]
+
+
+def test_without_the_class_index_a_pool_keeps_its_report_as_it_is(client: FlaskClient) -> None:
+    """Before the index is first written (an install, an upgrade): writing it re-syncs every
+    pool, so nothing waits on a retry."""
+    body = requests()["tenant-acme"]
+    kept = config_map("tenant-acme", {"budget.json": "{}", "budget.txt": "as it was"})
+    body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
+    body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
+    answer = client.post(SYNC, json=body).get_json()
+    assert answer == {
+        "attachments": [{**kept, "metadata": {**kept["metadata"], "labels": REPORT_LABELS}}],
+        "status": None,
+    }
+
+
+def test_an_unreadable_class_index_keeps_the_report_and_is_logged(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    bodies = requests()
+    index = index_of(client, example_classes())
+    index["data"]["classes.json"] = "{not json"
+    with_index(bodies, index)
+    assert answered(client, bodies["tenant-acme"]) == []
+    skipped = [
+        getattr(r, "fields", {}).get("objects")
+        for r in caplog.records
+        if r.getMessage() == "skipped unreadable objects"
+    ]
+    assert skipped == [["ConfigMap gpuclass-budget-classes: classes.json does not decode"]]
 
 
 @pytest.mark.parametrize(
@@ -271,10 +379,12 @@ def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
     assert client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
 
 
-def test_a_pools_rules_select_its_claimants_its_subtree_the_classes_and_its_own_report() -> None:
+def test_a_pools_rules_select_its_claimants_its_subtree_the_class_index_and_its_own_report() -> (
+    None
+):
     """By the namespace's name alone: Metacontroller caches the answer per generation, which a
     label change does not bump."""
-    rules = budget_report.customize("tenant-acme-lab").related_resources
+    rules = budget_report.customize("tenant-acme-lab", "cozy-gpu").related_resources
     shapes = [
         (r.resource, r.namespace, r.names, r.label_selector, r.namespace_selector) for r in rules
     ]
@@ -299,22 +409,45 @@ def test_a_pools_rules_select_its_claimants_its_subtree_the_classes_and_its_own_
         ("helmreleases", "tenant-acme", ["tenant-lab"], None, None),
         ("helmreleases", None, None, kinds, depth),
         ("namespaces", None, None, depth, None),
-        ("gpuclasses", None, None, None, None),
+        ("configmaps", "cozy-gpu", ["gpuclass-budget-classes"], None, None),
         ("configmaps", "tenant-acme-lab", ["gpu-budget"], None, None),
     ]
 
 
-def test_the_retired_report_answers_no_attachment_so_its_configmaps_go(
-    client: FlaskClient,
-) -> None:
-    """The report of earlier versions, attached to the release's ClusterRole: the pool reports
-    cannot write over its ConfigMaps, so its controller deletes them."""
+def test_the_class_index_replaces_the_reports_of_earlier_versions(client: FlaskClient) -> None:
+    """The one-target report of earlier versions was attached to the release's ClusterRole too:
+    the index's sync attaches the index alone, so Metacontroller deletes those reports, which the
+    pool reports cannot write over."""
     body = json.loads(example_of("/budget-report/sync"))
     assert body["attachments"][CONFIGMAPS]
-    answer = client.post("/budget-report/sync", json=body)
-    assert (answer.status_code, answer.get_json()) == (200, {"attachments": [], "status": None})
-    body["object"] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}
-    assert client.post("/budget-report/sync", json=body).status_code == 400
+    answer = client.post("/budget-report/sync", json=body).get_json()
+    assert [a["metadata"]["name"] for a in answer["attachments"]] == ["gpuclass-budget-classes"]
+
+
+def test_the_class_index_without_its_classes_attaches_nothing_and_asks_again(
+    client: FlaskClient,
+) -> None:
+    body = json.loads(example_of("/budget-report/sync"))
+    del body["related"][GPUCLASSES]
+    answer = client.post("/budget-report/sync", json=body).get_json()
+    assert answer == {"attachments": [], "status": None, "resyncAfterSeconds": 10.0}
+
+
+@pytest.mark.parametrize("route", ["/budget-report/sync", "/budget-report/customize"])
+def test_the_class_index_takes_the_releases_cluster_role_alone(
+    client: FlaskClient, route: str
+) -> None:
+    body = json.loads(example_of(route))
+    key = "object" if "object" in body else "parent"
+    body[key] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}
+    assert client.post(route, json=body).status_code == 400
+
+
+def test_the_class_index_relates_the_gpuclasses_alone(client: FlaskClient) -> None:
+    answer = client.post("/budget-report/customize", data=example_of("/budget-report/customize"))
+    assert answer.get_json() == {
+        "relatedResources": [{"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"}]
+    }
 
 
 def series(metrics: Metrics, family: str) -> dict[tuple[str, ...], float]:
