@@ -31,9 +31,9 @@ def setting(
 ) -> Any:
     """A setting, declared once: its default, what it means (the README's settings table is
     generated from it), and either the chart value it follows (`chart`, a dotted path in
-    values.yaml that the Deployment turns into this variable) or why the chart deliberately sets
-    nothing (`not_in_chart`). `shown` is how the default reads where the value alone says too
-    little."""
+    values.yaml that the Deployment turns into this variable, or one of Helm's own objects such as
+    `Release.Namespace`) or why the chart deliberately sets nothing (`not_in_chart`). `shown` is
+    how the default reads where the value alone says too little."""
     if (chart is None) == (not_in_chart is None):
         raise TypeError("a setting names its chart value or says why it has none")
     return Field(
@@ -246,9 +246,9 @@ class Settings(BaseSettings):
     )
     budget_classes_namespace: str = setting(
         "cozy-gpu",
-        "namespace of the class index the budget report reads, a ConfigMap "
-        "`gpuclass-budget-classes` written there by Metacontroller",
-        not_in_chart="the chart sets the release's namespace",
+        "namespace of the class index the budget report reads (a ConfigMap "
+        "`gpuclass-budget-classes` Metacontroller writes there): the chart sets the release's",
+        chart="Release.Namespace",
         pattern=DNS_LABEL_PATTERN,
         max_length=63,
     )

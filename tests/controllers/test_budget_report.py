@@ -379,9 +379,7 @@ def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
     assert client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
 
 
-def test_a_pools_rules_select_its_claimants_its_subtree_the_class_index_and_its_own_report() -> (
-    None
-):
+def test_a_pools_rules_select_its_claimants_subtree_class_index_and_own_report() -> None:
     """By the namespace's name alone: Metacontroller caches the answer per generation, which a
     label change does not bump."""
     rules = budget_report.customize("tenant-acme-lab", "cozy-gpu").related_resources

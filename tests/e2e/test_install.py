@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from hooks.controllers.budget_report import REPORT_LABEL
+from hooks.controllers.budget_report import CLASS_INDEX_NAME, REPORT_LABEL
 from hooks.rules.budget.keys import TOTAL_KEY
 from tests.builders import TOKEN_KEY, helmrelease
 from tests.chart import CHART
@@ -253,11 +253,17 @@ def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     annotations = output.count("gpuclass.cozystack.io/l40s annotated")
     assert annotations <= LICENSE_RESYNC_SECONDS / 10 / 3, output
     assert cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"]
+    assert cluster.get("configmap", "-n", NAMESPACE, CLASS_INDEX_NAME) is not None
     assert uninstall.startswith(" gpuclass-hooks --namespace cozy-gpu --wait\n")
     run_block(cluster, "helm uninstall" + uninstall, tmp_path)
     assert cluster.get("gpuclass", "l40s") is not None
     labelled = cluster.get(RELEASE_KINDS, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}")
     assert labelled["items"] == []
+    # The class index goes with the release's ClusterRole, its owner (the garbage collector's).
+    wait_for(
+        "the class index collected",
+        lambda: cluster.get("configmap", "-n", NAMESPACE, CLASS_INDEX_NAME) is None,
+    )
     # The reports and the labels belong to the namespaces: the block's last two commands.
     assert cluster.get("configmaps", "-A", "-l", f"{REPORT_LABEL}=true")["items"] == []
     for namespace in cluster.get("namespaces")["items"]:

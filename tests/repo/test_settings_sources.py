@@ -26,8 +26,16 @@ def env(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()}"
 
 
+# What the chart takes from Helm itself rather than from values.yaml.
+HELM_OBJECTS = {"Release.Namespace"}
+
+
 def chart_fields() -> list[str]:
     return [name for name in FIELDS if declared(name, "chart") is not None]
+
+
+def chart_value_fields() -> list[str]:
+    return [name for name in chart_fields() if declared(name, "chart") not in HELM_OBJECTS]
 
 
 def deployment_env() -> set[str]:
@@ -68,7 +76,7 @@ def test_every_setting_says_what_it_means_and_whether_the_chart_sets_it(name: st
     assert (chart is None) != (reason is None), "declare it with hooks.settings.setting"
 
 
-@pytest.mark.parametrize("name", chart_fields())
+@pytest.mark.parametrize("name", chart_value_fields())
 def test_a_chart_setting_is_a_value_in_values_yaml_the_schema_and_the_install_docs(
     name: str,
 ) -> None:
@@ -84,6 +92,15 @@ def test_a_chart_setting_is_a_value_in_values_yaml_the_schema_and_the_install_do
 
 def test_the_deployment_sets_exactly_the_chart_settings() -> None:
     assert deployment_env() == {env(name) for name in chart_fields()}
+
+
+@pytest.mark.parametrize("name", sorted(set(chart_fields()) - set(chart_value_fields())))
+def test_a_setting_from_helms_own_objects_is_set_from_that_object(name: str) -> None:
+    template = DEPLOYMENT.read_text()
+    assert (
+        f"- name: {env(name)}\n          value: {{{{ .{declared(name, 'chart')} | quote }}}}"
+        in (template)
+    )
 
 
 def test_every_variable_the_docs_and_chart_name_is_a_setting() -> None:
@@ -146,7 +163,7 @@ SIDES = [
 ]
 
 
-@pytest.mark.parametrize("name", chart_fields())
+@pytest.mark.parametrize("name", chart_value_fields())
 def test_the_chart_lets_through_no_value_the_service_refuses_at_start(name: str) -> None:
     """Every bound of a chart setting is in values.schema.json, as tight or tighter: a value
     the service would refuse fails `helm install`, not the pod."""
