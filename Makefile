@@ -91,7 +91,8 @@ bench-admission: $(BIN)/gpuclass-hooks tools
 # Metacontroller's memory with the chart's controllers on generated clusters (docs/cozystack.md):
 # its informers hold every Node, Pod, Namespace and Secret. Needs `bash testenv/build.sh cluster`.
 # ARGS='--go-env GOMEMLIMIT=2GiB' adds a run with that Go environment; ARGS='--churn-seconds 120'
-# follows each with a quiet minute and a steady churn (docs/scale.md).
+# follows each with a quiet minute and a steady churn (docs/scale.md); ARGS='... --restart' then
+# starts Metacontroller again over what it wrote, under churn from its first second.
 bench-metacontroller: $(BIN)/gpuclass-hooks tools
 	PATH=$(TESTENV):$$PATH $(BIN)/python -m bench.metacontroller --sizes $(SIZES) $(ARGS)
 
