@@ -208,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--reach-seconds",
         type=float,
         default=15,
-        help="retry a refused or unreachable first connection this long (a Service routes to a "
-        "pod a moment after it is Ready)",
+        help="retry a refused or unreachable first connection, or a name not resolved yet, this "
+        "long (a Service routes to a pod a moment after it is Ready; the cluster's DNS may not "
+        "know a Service made moments earlier)",
     )
     probe.set_defaults(handler=check)
     return parser

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import http.client
 import json
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ class Target:
     client_key: Path | None = None
     timeout_seconds: float = 10
     # A Service routes to a pod a moment after the pod is Ready (kube-proxy's next sync): until
-    # then a connection is refused or unreachable. Those are retried this long; nothing else is.
+    # then a connection is refused or unreachable. And a Service made moments earlier may not
+    # resolve yet: the cluster's DNS answers a name it has not seen as missing, and caches that
+    # answer for seconds. Those are retried this long; nothing else is.
     reach_seconds: float = 0
 
 
@@ -71,16 +74,24 @@ def _call(target: Target, token: str | None) -> tuple[int, bytes]:
 
 
 NOT_YET_ROUTED = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+NOT_YET_RESOLVED = (socket.EAI_AGAIN, socket.EAI_NONAME)
+
+
+def _not_yet_reachable(error: OSError) -> bool:
+    if isinstance(error, socket.gaierror):
+        return error.errno in NOT_YET_RESOLVED
+    return error.errno in NOT_YET_ROUTED
 
 
 def _first_call(target: Target, token: str | None) -> tuple[int, bytes]:
-    """The first call, again while the service is not yet reachable, for reach_seconds."""
+    """The first call, again while the service is not yet reachable or its name not yet known,
+    for reach_seconds."""
     deadline = time.monotonic() + target.reach_seconds
     while True:
         try:
             return _call(target, token)
         except OSError as error:
-            if error.errno not in NOT_YET_ROUTED or time.monotonic() >= deadline:
+            if not _not_yet_reachable(error) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.5)
 

@@ -288,3 +288,52 @@ def test_check_waits_reach_seconds_for_a_service_not_yet_routed(tmp_path: Path) 
     finally:
         server.join(timeout=10)
         listener.close()
+
+
+def test_check_waits_reach_seconds_for_a_service_name_not_yet_resolved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Service made moments before `helm test` may not resolve yet: the cluster's DNS caches
+    its first miss for seconds. That is retried for reach_seconds, then answered; a name that
+    never resolves is said in one line."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    resolve = socket.getaddrinfo
+    misses = {"left": 2, "asked": 0}
+
+    def cluster_dns(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host != "hooks.cozy-gpu.svc":
+            return resolve(host, *args, **kwargs)
+        misses["asked"] += 1
+        if misses["left"] == 0:
+            return resolve("127.0.0.1", *args, **kwargs)
+        misses["left"] -= 1
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
+
+    def serve_once() -> None:
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        body = b'{"relatedResources": []}'
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
+        connection.close()
+
+    server = threading.Thread(target=serve_once)
+    server.start()
+    try:
+        assert check(Target(f"http://hooks.cozy-gpu.svc:{port}", reach_seconds=30)) == []
+    finally:
+        server.join(timeout=10)
+        listener.close()
+    assert misses["asked"] == 3
+
+    misses.update(left=10**6, asked=0)
+    [problem] = check(Target(f"http://hooks.cozy-gpu.svc:{port}", reach_seconds=0.6))
+    assert problem.startswith(f"{CUSTOMIZE_PATH}: gaierror: ")
+    assert misses["asked"] > 1

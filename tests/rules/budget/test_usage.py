@@ -7,6 +7,8 @@ unreadable, never with figures."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -66,12 +68,17 @@ def grown_then_lowered(draw: st.DrawFn) -> Cluster:
     return cluster
 
 
-@settings(
-    max_examples=examples(100),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(cluster=grown_then_lowered())
+def over_grown_trees(test: Callable[[Cluster], None]) -> Callable[[], None]:
+    """A property over trees grown by admitted operations, then maybe pushed over budget."""
+    given_trees: Callable[[], None] = given(cluster=grown_then_lowered())(test)
+    return settings(
+        max_examples=examples(200),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )(given_trees)
+
+
+@over_grown_trees
 def test_one_pools_usage_is_that_pool_in_every_pools(cluster: Cluster) -> None:
     """A pool's report computes its own pool alone: the same figures, and none for a namespace
     whose tenant has no GPU budget (or that no tenant owns)."""
@@ -82,12 +89,7 @@ def test_one_pools_usage_is_that_pool_in_every_pools(cluster: Cluster) -> None:
         assert pool_usage(tenancy, CLASSES, namespace) == every.get(namespace)
 
 
-@settings(
-    max_examples=examples(200),
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(cluster=grown_then_lowered())
+@over_grown_trees
 def test_every_pools_figures_are_the_models_over_budget_ones_included(cluster: Cluster) -> None:
     report = {pool.namespace: pool for pool in budget_usage(cluster.everything(), CLASSES)}
     expected = {
