@@ -207,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--reach-seconds",
         type=float,
-        default=15,
+        default=45,
         help="retry a refused or unreachable first connection, or a name not resolved yet, this "
-        "long (a Service routes to a pod a moment after it is Ready; the cluster's DNS may not "
-        "know a Service made moments earlier)",
+        "long (a Service routes to a pod a moment after it is Ready; the cluster's DNS caches a "
+        "miss for a Service made moments earlier, for 30 s in kubeadm's CoreDNS configuration)",
     )
     probe.set_defaults(handler=check)
     return parser
