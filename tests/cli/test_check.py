@@ -272,14 +272,7 @@ def test_check_waits_reach_seconds_for_a_service_not_yet_routed(tmp_path: Path) 
         time.sleep(1.0)
         listener.bind(("127.0.0.1", port))
         listener.listen()
-        connection, _ = listener.accept()
-        connection.recv(65536)
-        body = b'{"relatedResources": []}'
-        connection.sendall(
-            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (len(body), body)
-        )
-        connection.close()
+        _answer_one_customize(listener)
 
     server = threading.Thread(target=serve_late)
     server.start()
@@ -314,17 +307,7 @@ def test_check_waits_reach_seconds_for_a_service_name_not_yet_resolved(
 
     monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
 
-    def serve_once() -> None:
-        connection, _ = listener.accept()
-        connection.recv(65536)
-        body = b'{"relatedResources": []}'
-        connection.sendall(
-            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-            % (len(body), body)
-        )
-        connection.close()
-
-    server = threading.Thread(target=serve_once)
+    server = threading.Thread(target=_answer_one_customize, args=(listener,))
     server.start()
     try:
         assert check(Target(f"http://hooks.cozy-gpu.svc:{port}", reach_seconds=30)) == []
@@ -337,3 +320,14 @@ def test_check_waits_reach_seconds_for_a_service_name_not_yet_resolved(
     [problem] = check(Target(f"http://hooks.cozy-gpu.svc:{port}", reach_seconds=0.6))
     assert problem.startswith(f"{CUSTOMIZE_PATH}: gaierror: ")
     assert misses["asked"] > 1
+
+
+def _answer_one_customize(listener: socket.socket) -> None:
+    """Accepts one connection on the listener and answers it as a customize hook would."""
+    connection, _ = listener.accept()
+    connection.recv(65536)
+    body = b'{"relatedResources": []}'
+    connection.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+    )
+    connection.close()
