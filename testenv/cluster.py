@@ -175,6 +175,10 @@ def make_namespaces(cluster: Cluster) -> None:
     # /var/lib/kubelet (its device-plugin socket), at fixed paths, are each node's own inside it.
     sh("mount", "--bind", str(cluster.directory), str(cluster.directory))
     sh("mount", "--make-private", str(cluster.directory))
+    # A bind needs its mount point: a machine that never ran a kubelet has no /var/lib/kubelet.
+    # The empty directory is left on the host; nothing is ever written to it there.
+    for _, target in MOUNTED:
+        Path(target).mkdir(parents=True, exist_ok=True)
     for node in NODES:
         home = cluster.home(node)
         home.mkdir(exist_ok=True)
