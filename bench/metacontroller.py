@@ -37,6 +37,13 @@ works through its start, and when it idles again (BENCH_CPU_PROFILE=<file>: its 
 CPU profile).
 
     python -m bench.metacontroller --sizes M --churn-seconds 120 --restart
+    python -m bench.metacontroller --sizes S --churn-seconds 120 --at 0ada804
+
+`--at` runs first the service and chart of that commit (its tree unpacked with `git archive`, its
+controllers in place of this tree's), then this tree's, each with every `--go-env`, on the same
+stored cluster: a design measured beside the one it replaced, in one run (0ada804: the budget
+report as one target over the whole tenancy, before the per-pool report). The column "hooks"
+names the commit.
 """
 
 from __future__ import annotations
@@ -81,12 +88,12 @@ TENANT_NAMESPACES = 100
 # The tenancy per size: top-level tenants (each with nine sub-tenants) and apps per tenant.
 RELEASES = {"S": (10, 10), "M": (100, 10), "L": (100, 50)}
 HEADER = (
-    "size  go env                     nodes   pods  secrets  releases  stored MB  rss MiB  peak MiB"
-    "  heap MiB  synced s  drained s"
+    "size  hooks          go env                     nodes   pods  secrets  releases  stored MB"
+    "  rss MiB  peak MiB  heap MiB  synced s  drained s"
 )
 CHURN_HEADER = (
-    "size  go env                     phase   changes  hooks cpu/s  mc cpu/s  api cpu/s"
-    "  status KB/s  license KB/s  report KB/s  report shown s p50/p90/max"
+    "size  hooks          go env                     phase   changes  hooks cpu/s  mc cpu/s"
+    "  api cpu/s  status KB/s  license KB/s  report KB/s  report shown s p50/p90/max"
     "  status shown s p50/p90/max  mc peak MiB"
 )
 QUIET_SECONDS = 60
@@ -101,8 +108,9 @@ KINDS = ("create", "values", "flux-status", "pod")
 HOOK_ROUTES = {
     "status": ("/status/sync",),
     "license": ("/license/sync",),
-    # the report's cost is its two controllers': the pools' reports and the labels they select by
-    "report": ("/budget-pools/sync", "/tenant-namespaces/sync"),
+    # the report's cost is its controllers': the pools' reports, the labels they select by and the
+    # class index (before the pools, one report of the whole tenancy: `--at`)
+    "report": ("/budget-pools/sync", "/tenant-namespaces/sync", "/budget-report/sync"),
 }
 
 
@@ -206,14 +214,48 @@ def populate(plane: ControlPlane, size: str) -> tuple[int, int, int, int, int]:
     return len(nodes), len(pods), SECRETS[size], len(releases), total
 
 
-def chart() -> list[dict[str, Any]]:
-    return render(*PLAIN, "gpuOperator.variant=vgpu", api_versions=())
+@dataclass(frozen=True)
+class Hooks:
+    """The service and chart a run measures: this tree's, or another commit's (`--at`), so that
+    a design is measured beside the one it replaced on the same cluster."""
+
+    label: str  # the commit
+    root: Path
+
+    @property
+    def chart(self) -> list[dict[str, Any]]:
+        return render(
+            *PLAIN, "gpuOperator.variant=vgpu", api_versions=(), chart=self.root / "metacontroller"
+        )
 
 
-def service_env(plane: ControlPlane, workdir: Path) -> dict[str, str]:
+def this_tree() -> Hooks:
+    described = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    )
+    return Hooks(described.stdout.strip() or "this tree", ROOT)
+
+
+def hooks_at(ref: str, into: Path) -> Hooks:
+    """The tree of a commit, unpacked into `into`."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    into.mkdir(parents=True)
+    archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", commit], stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise RuntimeError(f"git archive {commit} failed")
+    return Hooks(commit, into)
+
+
+def service_env(plane: ControlPlane, workdir: Path, hooks: Hooks) -> dict[str, str]:
     """The settings the chart gives the service (its selectors among them, which decide what
     Metacontroller sends), and the API server to read KubeVirt from, as the admin."""
-    [deployment] = [d for d in chart() if d["kind"] == "Deployment"]
+    [deployment] = [d for d in hooks.chart if d["kind"] == "Deployment"]
     [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"]]
     token = workdir / "hooks-token"
     token.write_text(ADMIN_TOKEN)
@@ -225,10 +267,10 @@ def service_env(plane: ControlPlane, workdir: Path) -> dict[str, str]:
     }
 
 
-def controllers(hooks_url: str) -> list[dict[str, Any]]:
+def controllers(hooks_url: str, hooks: Hooks) -> list[dict[str, Any]]:
     """The chart's controllers, their hooks pointed at the service on loopback, and the
     ClusterRole the budget report decorates."""
-    documents = chart()
+    documents = hooks.chart
     found = [d for d in documents if d["kind"] in ("CompositeController", "DecoratorController")]
     targets = [d for d in documents if d["kind"] == "ClusterRole"]
     for controller in found:
@@ -275,6 +317,15 @@ class Settled:
     heap: float
     took: float  # until every class has its status and every pool its report
     drained: float  # until Metacontroller idled (nan: not within DRAIN_LIMIT_SECONDS)
+
+
+def replace_controllers(plane: ControlPlane, documents: Sequence[dict[str, Any]]) -> None:
+    """The controllers of the run's chart in place of the previous run's (a design drops some)."""
+    for kind in ("compositecontrollers", "decoratorcontrollers"):
+        collection = f"/apis/metacontroller.k8s.io/v1alpha1/{kind}"
+        for item in plane.request("GET", collection).json()["items"]:
+            plane.request("DELETE", f"{collection}/{item['metadata']['name']}").raise_for_status()
+    plane.apply(*documents)
 
 
 def reset(plane: ControlPlane, classes: Sequence[str]) -> None:
@@ -356,6 +407,7 @@ def settle(
 def measure(
     size: str,
     workdir: Path,
+    designs: Sequence[Hooks],
     go_envs: Sequence[dict[str, str]],
     churn_seconds: float,
     rate: float,
@@ -379,20 +431,22 @@ def measure(
         top_level, _ = RELEASES[size]
         pools = top_level * (1 + report.SUB_TENANTS // 2)
         classes = list(generate(size).classes)
-        env = service_env(plane, workdir)
-        plane.namespace(env["GPUCLASS_BUDGET_CLASSES_NAMESPACE"])  # the release's
-        with live_server(env, workdir) as hooks:
-            plane.apply(*controllers(hooks.url))
-            apiserver = apiserver_pid(workdir)
-            for go_env in go_envs:
-                label = ",".join(f"{k}={v}" for k, v in go_env.items()) or "(none)"
+        apiserver = apiserver_pid(workdir)
+        for run_hooks, go_env in [(h, g) for h in designs for g in go_envs]:
+            go_label = ",".join(f"{k}={v}" for k, v in go_env.items()) or "(none)"
+            label = f"{run_hooks.label:<15}{go_label}"
+            env = service_env(plane, workdir, run_hooks)
+            if "GPUCLASS_BUDGET_CLASSES_NAMESPACE" in env:
+                plane.namespace(env["GPUCLASS_BUDGET_CLASSES_NAMESPACE"])  # the release's
+            with live_server(env, workdir, cwd=run_hooks.root) as hooks:
+                replace_controllers(plane, controllers(hooks.url, run_hooks))
                 reset(plane, classes)
                 process, metrics_port, pprof_port = run_metacontroller(plane, workdir, go_env)
                 try:
                     ports = (metrics_port, pprof_port)
                     found = settle(plane, workdir, process, ports, classes, pools)
                     settled_rows.append(
-                        f"{size:<6}{label:<25}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}"
+                        f"{size:<6}{label:<40}{nodes:>7}{pods:>7}{secrets:>9}{releases:>10}"
                         f"{stored_bytes / 1e6:>11.0f}{found.rss:>9.0f}{found.peak:>10.0f}"
                         f"{found.heap:>10.0f}{found.took:>10.0f}{found.drained:>11.0f}"
                     )
@@ -692,7 +746,7 @@ def churn_row(
     shown_status = percentiles(churn.status_shown) if churn else "-"
     _, peak = memory(pid)
     return (
-        f"{size:<6}{label:<25}{phase:<8}{changes:>8}{figures.hooks_cpu:>13.3f}"
+        f"{size:<6}{label:<40}{phase:<8}{changes:>8}{figures.hooks_cpu:>13.3f}"
         f"{figures.metacontroller_cpu:>10.3f}{figures.apiserver_cpu:>11.3f}{kib['status']:>13.0f}"
         f"{kib['license']:>14.0f}{kib['report']:>13.0f}  {shown_report:>27}  {shown_status:>27}"
         f"{peak:>13.0f}"
@@ -724,25 +778,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--rate", type=float, default=1.0, help="changes a second under churn")
     parser.add_argument(
+        "--at",
+        action="append",
+        default=[],
+        metavar="COMMIT",
+        help="first run the service and chart of this commit, then this tree's, on one cluster",
+    )
+    parser.add_argument(
         "--kinds", default=",".join(KINDS), help="the changes the churn takes in turn"
     )
     args = parser.parse_args(argv)
     go_envs = [*([] if args.only_go_envs else [{}]), *(go_env(text) for text in args.go_env)]
+    kinds = args.kinds.split(",")
+    if not set(kinds) <= set(KINDS):
+        raise SystemExit(f"--kinds: each of {', '.join(KINDS)}")
     settled_rows: list[str] = []
     churn_rows: list[str] = []
     print(HEADER, flush=True)
-    for size in args.sizes.split(","):
-        if size not in SIZES:
-            raise SystemExit(f"unknown size {size}: one of {', '.join(SIZES)}")
-        with tempfile.TemporaryDirectory() as tmp:
-            kinds = args.kinds.split(",")
-            if not set(kinds) <= set(KINDS):
-                raise SystemExit(f"--kinds: each of {', '.join(KINDS)}")
-            rows = measure(
-                size, Path(tmp), go_envs, args.churn_seconds, args.rate, kinds, args.restart
-            )
-        settled_rows += rows[0]
-        churn_rows += rows[1]
+    with tempfile.TemporaryDirectory() as trees:
+        designs = [
+            *(hooks_at(ref, Path(trees) / str(index)) for index, ref in enumerate(args.at)),
+            this_tree(),
+        ]
+        for size in args.sizes.split(","):
+            if size not in SIZES:
+                raise SystemExit(f"unknown size {size}: one of {', '.join(SIZES)}")
+            with tempfile.TemporaryDirectory() as tmp:
+                rows = measure(
+                    size,
+                    Path(tmp),
+                    designs,
+                    go_envs,
+                    args.churn_seconds,
+                    args.rate,
+                    kinds,
+                    args.restart,
+                )
+            settled_rows += rows[0]
+            churn_rows += rows[1]
     print("\n".join([HEADER, *settled_rows]))
     if churn_rows:
         print("\n".join([CHURN_HEADER, *churn_rows]))

@@ -45,6 +45,7 @@ def live_server(
     args: tuple[str, ...] = (),
     scheme: str = "http",
     image: str | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[LiveServer]:
     port, health_port, metrics_port = free_port(), free_port(), free_port()
     admission_port = free_port()
@@ -62,7 +63,10 @@ def live_server(
         container = f"gpuclass-hooks-test-{port}"
         command = [*docker_run(image, env, container), *serve]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        # `-m` imports the package from the working directory first: another tree's, when given
+        process = subprocess.Popen(
+            command, env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+        )
     url = f"{scheme}://127.0.0.1:{port}"
     health = f"http://127.0.0.1:{health_port}"
     metrics = f"{scheme}://127.0.0.1:{metrics_port}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,10 +47,11 @@ def template(
     namespace: str = "cozy-gpu",
     api_versions: tuple[str, ...] = (CERT_MANAGER,),
     api_servers: tuple[str, ...] = API_SERVERS,
+    chart: Path = CHART,
 ) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart with these --set values, on a cluster serving these APIs
-    whose API servers have these addresses."""
-    args = ["template", "gpu", str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    """`helm template` of the chart (this tree's unless another is named) with these --set
+    values, on a cluster serving these APIs whose API servers have these addresses."""
+    args = ["template", "gpu", str(chart), "--namespace", namespace, "--kube-version", KUBE_VERSION]
     for api in api_versions:
         args += ["--api-versions", api]
     if api_servers:
@@ -64,9 +66,10 @@ def render(
     namespace: str = "cozy-gpu",
     api_versions: tuple[str, ...] = (CERT_MANAGER,),
     api_servers: tuple[str, ...] = API_SERVERS,
+    chart: Path = CHART,
 ) -> list[dict[str, Any]]:
     result = template(
-        *sets, namespace=namespace, api_versions=api_versions, api_servers=api_servers
+        *sets, namespace=namespace, api_versions=api_versions, api_servers=api_servers, chart=chart
     )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import msgspec
 
@@ -15,6 +17,7 @@ from hooks.rules.permitted_devices import KubeVirtFound
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
 from hooks.wire.metacontroller import decode_decorator_sync, encode
+from tests import ROOT
 
 VIEW = KubeVirtFound(msgspec.convert(KUBEVIRT, KubeVirt), "cozy-kubevirt/kubevirt")
 
@@ -89,3 +92,24 @@ def test_the_report_benchmark_sends_a_tenancy_of_a_thousand_tenants_with_nested_
         "h100.gpuclass.cozystack.io/devices",
     }
     assert acme["keys"][0]["carvedOut"] == 4 * 20  # the four bounded sub-tenants
+
+
+def test_a_design_at_a_commit_is_that_commits_service_and_chart(tmp_path: Path) -> None:
+    from bench.metacontroller import hooks_at
+
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    design = hooks_at("HEAD", tmp_path / "tree")
+    assert (design.label, design.root) == (head, tmp_path / "tree")
+    committed = subprocess.run(
+        ["git", "-C", str(ROOT), "show", "HEAD:hooks/routes.py"], capture_output=True, check=True
+    ).stdout
+    assert (design.root / "hooks" / "routes.py").read_bytes() == committed
+    # the chart rendered is the unpacked tree's, not this one's
+    marker = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "only-in-that-tree"}}
+    (design.root / "metacontroller" / "templates" / "marker.yaml").write_text(json.dumps(marker))
+    assert marker in design.chart
