@@ -222,8 +222,9 @@ class Hooks:
     label: str  # the commit
     root: Path
 
-    @property
+    @functools.cached_property
     def chart(self) -> list[dict[str, Any]]:
+        """Rendered once: every run of the design reads its service's settings and controllers."""
         return render(
             *PLAIN, "gpuOperator.variant=vgpu", api_versions=(), chart=self.root / "metacontroller"
         )
