@@ -59,11 +59,11 @@ class BudgetReviewObserved:
 
 @dataclass(frozen=True)
 class BudgetUsageObserved:
-    """A pool report's sync as the metrics see it: the namespace's pool, or none (a pool that was
-    there is gone)."""
+    """A report target's sync as the metrics see it: the namespaces whose pools it decided, and
+    the pools it found among them (a namespace without one has none, or no longer)."""
 
-    namespace: str
-    pool: PoolUse | None
+    namespaces: tuple[str, ...]
+    pools: tuple[PoolUse, ...]
 
 
 Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved | BudgetUsageObserved
@@ -202,15 +202,13 @@ def report_customize(inputs: HookInputs, body: bytes) -> Answer:
 
 
 def report_sync(inputs: HookInputs, body: bytes) -> Answer:
-    """A pool's report: its log line counts what it found, and its metrics are the pool's
-    figures (none recorded when the sync could not tell)."""
+    """A report target's reports: its log line counts what it found, and its metrics are the
+    pools' figures (none recorded when the sync could not tell)."""
     request = decode_report_sync(body)
     outcome = budget_report.sync(request)
     namespace = request.target.metadata.name
     observed = (
-        BudgetUsageObserved(namespace, outcome.pools[0] if outcome.pools else None)
-        if outcome.pools is not None
-        else None
+        BudgetUsageObserved(outcome.reported, outcome.pools) if outcome.pools is not None else None
     )
     return Answer(
         encode(outcome.response),

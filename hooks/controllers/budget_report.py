@@ -1,26 +1,32 @@
 """DecoratorControllers of the budget report: every GPU budget pool's use, for people to read.
 
 `gpuclass-budget-pools`: its targets are the tenant namespaces (labelled by
-`gpuclass-tenant-namespaces`); each pool root's attachment is a ConfigMap `gpu-budget` in its own
-namespace, holding its own pool's figures (`hooks.rules.budget.usage`, the arithmetic the webhook
-applies) and the apps that reserve. A target's related objects are what its pool's arithmetic
-reads and nothing more (`hooks.rules.budget.subtrees`): the Tenant releases that could claim it,
-every Tenant, VMInstance and KubernetesNodes release in the namespaces labelled into its subtree,
-those namespaces (one labelled later re-syncs the report), the class index, and a ConfigMap
-`gpu-budget` in its own namespace (one that is not its attachment is a tenant's own, and is never
-written over). So a change re-syncs only the pools above it, each with its own subtree. The rules
-depend on the namespace's name alone: a target that is not bounded selects no subtree and gets no
-report. The webhook never reads the report.
+`gpuclass-tenant-namespaces`), and what each reports is a name's alone
+(`hooks.rules.budget.subtrees.report_group`):
+- a top-level namespace (a child of `tenant-root`) reports every pool of its subtree: it relates
+  the Tenant releases that could claim it, every Tenant, VMInstance and KubernetesNodes release
+  in the namespaces labelled into its subtree, those namespaces (one labelled later re-syncs the
+  reports), the class index, and the ConfigMaps labelled as reports in its subtree; each pool
+  root's attachment is a ConfigMap `gpu-budget` in the pool's namespace, holding its own pool's
+  figures (`hooks.rules.budget.usage`, the arithmetic the webhook applies) and the apps that
+  reserve. A labelled `gpu-budget` that is not its own attachment (an earlier version's, or a
+  tenant's) is never written over. So a change re-syncs its top-level subtree, never the tenancy.
+- `tenant-root` reports the root's pool: it relates the releases in the namespaces labelled into
+  the root's pool, which are all of them while the root tenant is bounded and none otherwise.
+- a namespace deeper down reports nothing and relates nothing: its pool is its top-level
+  namespace's to report, and what it attached in earlier versions (its own report) goes.
+The webhook never reads the report.
 
 `gpuclass-budget-report`: its one target is the release's ClusterRole, and its attachment the
 class index, a ConfigMap `gpuclass-budget-classes` in the release's namespace holding what the
 arithmetic reads of each GPUClass (name, age, deletion, resource). The pools relate that ConfigMap
 instead of the GPUClasses: a class's status is written whenever its free units change, and each
-write would re-sync every pool; the index changes only when a class's identity does.
+write would re-sync every report target; the index changes only when a class's identity does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,12 +35,13 @@ import msgspec
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.controllers.tenant_namespaces import (
     HELMRELEASES_API_VERSION,
+    TOP_LEVEL_LABEL,
     claimant_rules,
     pool_level_label,
 )
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.releases import release_object
-from hooks.rules.budget.subtrees import namespace_chain
+from hooks.rules.budget.subtrees import ReportGroup, report_group
 from hooks.rules.budget.tenancy import (
     KUBERNETES_NODES,
     TENANT,
@@ -88,6 +95,7 @@ class ReportOutcome:
     response: DecoratorSyncResponse
     outcome: ReportResult = "ok"
     pools: tuple[PoolUse, ...] | None = None  # None: the sync could not tell
+    reported: tuple[str, ...] = ()  # the namespaces whose pools it decided: the others it reports
     invalid: tuple[InvalidObject, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -164,10 +172,22 @@ def read_class_index(config_maps: list[ConfigMap]) -> ClassIndex | str | None:
 
 
 def customize(namespace: str, index_namespace: str) -> CustomizeResponse:
-    chain = namespace_chain(namespace)
-    if not chain:
+    group = report_group(namespace)
+    if group is None or group == "below_top_level":
         return CustomizeResponse(related_resources=[])
-    in_subtree = LabelSelector(match_labels={pool_level_label(len(chain) - 1): namespace})
+    if group == "root":
+        in_group = LabelSelector(match_labels={pool_level_label(0): namespace})
+        reports = RelatedRule(
+            api_version="v1", resource="configmaps", namespace=namespace, names=[REPORT_NAME]
+        )
+    else:
+        in_group = LabelSelector(match_labels={TOP_LEVEL_LABEL: namespace})
+        reports = RelatedRule(
+            api_version="v1",
+            resource="configmaps",
+            label_selector=LabelSelector(match_labels={REPORT_LABEL: "true"}),
+            namespace_selector=in_group,
+        )
     return CustomizeResponse(
         related_resources=[
             *claimant_rules(namespace),
@@ -183,18 +203,16 @@ def customize(namespace: str, index_namespace: str) -> CustomizeResponse:
                         )
                     ]
                 ),
-                namespace_selector=in_subtree,
+                namespace_selector=in_group,
             ),
-            RelatedRule(api_version="v1", resource="namespaces", label_selector=in_subtree),
+            RelatedRule(api_version="v1", resource="namespaces", label_selector=in_group),
             RelatedRule(
                 api_version="v1",
                 resource="configmaps",
                 namespace=index_namespace,
                 names=[CLASS_INDEX_NAME],
             ),
-            RelatedRule(
-                api_version="v1", resource="configmaps", namespace=namespace, names=[REPORT_NAME]
-            ),
+            reports,
         ]
     )
 
@@ -276,20 +294,24 @@ def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
 
 def sync(request: ReportSync) -> ReportOutcome:
     namespace = request.target.metadata.name
+    group = report_group(namespace)
     attached = list(request.attached.objects) if request.attached else []
-    if namespace_chain(namespace) and (
-        request.releases is None or request.config_maps is None or not request.subtree_sent
+    if group == "below_top_level":
+        # Its pool is its top-level namespace's to report; its own report of earlier versions goes.
+        return ReportOutcome(DecoratorSyncResponse(attachments=[], status=None), pools=())
+    if group is not None and (
+        request.releases is None or request.config_maps is None or request.group is None
     ):
-        # Selected by other rules than today's: keep the report until customize is asked again.
+        # Selected by other rules than today's: keep the reports until customize is asked again.
         response = DecoratorSyncResponse(
             attachments=_kept(attached), status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
         )
         return ReportOutcome(response, "stale_related", counts={"kept": len(attached)})
     config_maps = request.config_maps.objects if request.config_maps else []
     index = read_class_index(config_maps)
-    if namespace_chain(namespace) and not isinstance(index, ClassIndex):
-        # Not written yet (a first install), or unreadable: keep the report as it is. Writing
-        # the index re-syncs every pool.
+    if group is not None and not isinstance(index, ClassIndex):
+        # Not written yet (a first install), or unreadable: keep the reports as they are. Writing
+        # the index re-syncs every report target.
         unreadable = () if index is None else (InvalidObject("ConfigMap", CLASS_INDEX_NAME, index),)
         response = DecoratorSyncResponse(attachments=_kept(attached), status=None)
         return ReportOutcome(
@@ -301,29 +323,44 @@ def sync(request: ReportSync) -> ReportOutcome:
         tuple(o for o in objects if isinstance(o, App)),
     )
     classes = index.identities() if isinstance(index, ClassIndex) else []
-    own = pool_usage(tenancy, classes, namespace)
-    pools: tuple[PoolUse, ...] = () if own is None else (own,)
+    reported = reported_namespaces(namespace, group, request.group or ())
+    found = (pool_usage(tenancy, classes, n) for n in reported)
+    pools = tuple(pool for pool in found if pool is not None)
     undecodable = index.undecodable if isinstance(index, ClassIndex) else []
     invalid = tuple(InvalidObject("GPUClass", name, "does not decode") for name in undecodable)
     if invalid:
         # A device of that class maps to no key: every figure could be short.
         problem = f"GPUClass {invalid[0].name}: does not decode"
         pools = tuple(PoolUse(p.namespace, p.tenant, (), (), problem) for p in pools)
-    taken = not attached and any(
-        c.metadata.name == REPORT_NAME and c.metadata.namespace == namespace for c in config_maps
-    )
+    ours = {c.metadata.namespace for c in attached}
+    taken = {
+        c.metadata.namespace
+        for c in config_maps
+        if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
+    }
     writable = not request.target.terminating
-    reports = [_report(p) for p in pools if not taken and writable]
+    reports = [_report(p) for p in pools if p.namespace not in taken and writable]
     response = DecoratorSyncResponse(attachments=reports, status=None)
     return ReportOutcome(
         response,
         pools=pools,
+        reported=reported,
         invalid=invalid,
         counts={
             "pools": len(pools),
             "over_budget": sum(1 for p in pools if p.over_budget),
             "unreadable": sum(1 for p in pools if p.unreadable is not None),
-            "conflicts": len(pools) if taken else 0,
+            "conflicts": sum(1 for p in pools if p.namespace in taken),
             "unwritable": 0 if writable else len(pools),
         },
     )
+
+
+def reported_namespaces(
+    namespace: str, group: ReportGroup | None, in_group: Iterable[str]
+) -> tuple[str, ...]:
+    """The namespaces whose pools a target's sync decides: every namespace of a top-level subtree
+    (itself included, labelled or not yet), the root's own, or none."""
+    if group == "top_level":
+        return tuple(sorted({namespace, *in_group}))
+    return (namespace,) if group == "root" else ()

@@ -1,15 +1,15 @@
-"""DecoratorController `gpuclass-tenant-namespaces`: labels that let a pool's report select its
-subtree.
+"""DecoratorController `gpuclass-tenant-namespaces`: labels that let the report targets select
+their namespaces.
 
 Its targets are every Namespace. A namespace a tenant could own (`tenant-root` and `tenant-*`)
 gets `gpuclass.cozystack.io/tenant-namespace: "true"` (which makes it a target of the budget
-report) and, for each namespace on its way up whose tenant is bounded (itself included),
-`gpuclass.cozystack.io/pool-level-<depth>: <that namespace>`; a depth whose namespace is not
-bounded has its label removed. A pool root at depth d then selects its whole subtree by
-`pool-level-<d>=<itself>` (`hooks.rules.budget.subtrees`). Its related objects are the Tenant
-releases that could claim each namespace on the way up: found by name alone, so customize never
-depends on labels (Metacontroller caches its answer per generation, which a label change does not
-bump). Any other namespace is left alone.
+report); below `tenant-root`, `gpuclass.cozystack.io/top-level-namespace: <the top-level tenant's
+namespace it is in>` (itself at depth 1), a name's alone; and, while the root tenant is bounded,
+`gpuclass.cozystack.io/pool-level-0: tenant-root` (the root's pool reads the whole tenancy, and
+only then). The deeper `pool-level-<depth>` labels of earlier versions are removed. Its related
+objects are the Tenant releases that could claim `tenant-root`: found by name alone, so customize
+never depends on labels (Metacontroller caches its answer per generation, which a label change
+does not bump). Any other namespace is left alone.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Literal
 
 from hooks.controllers import STALE_RULES_RETRY_SECONDS
 from hooks.rules.budget.releases import release_object
-from hooks.rules.budget.subtrees import namespace_chain, pool_roots_above
+from hooks.rules.budget.subtrees import namespace_chain, root_bounded, top_level_namespace
 from hooks.rules.budget.tenancy import ROOT_NAMESPACE, TENANT, Tenant, owner_of
 from hooks.rules.invalid import InvalidObject
 from hooks.wire.cozystack import KIND_LABEL, NAME_LABEL
@@ -33,13 +33,15 @@ from hooks.wire.metacontroller import (
 
 TENANT_NAMESPACE_LABEL = "gpuclass.cozystack.io/tenant-namespace"
 POOL_LEVEL_PREFIX = "gpuclass.cozystack.io/pool-level-"
+TOP_LEVEL_LABEL = "gpuclass.cozystack.io/top-level-namespace"
 HELMRELEASES_API_VERSION = "helm.toolkit.fluxcd.io/v2"
 
 LabelsResult = Literal["ok", "not_a_tenant_namespace", "stale_related"]
 
 
 def pool_level_label(depth: int) -> str:
-    """The label naming the pool root at this depth above (or at) a namespace."""
+    """The label naming the pool root at this depth above (or at) a namespace: only depth 0 is
+    written (`tenant-root`, while bounded); deeper ones are removed."""
     return f"{POOL_LEVEL_PREFIX}{depth}"
 
 
@@ -69,11 +71,8 @@ def claimant_rules(namespace: str) -> list[RelatedRule]:
 
 
 def customize(namespace: str) -> CustomizeResponse:
-    return CustomizeResponse(
-        related_resources=[
-            rule for ancestor in namespace_chain(namespace) for rule in claimant_rules(ancestor)
-        ]
-    )
+    related = claimant_rules(ROOT_NAMESPACE) if namespace_chain(namespace) else []
+    return CustomizeResponse(related_resources=related)
 
 
 @dataclass(frozen=True)
@@ -98,10 +97,14 @@ def sync(request: TenantNamespaceSync) -> LabelsOutcome:
         return LabelsOutcome(response, "stale_related")
     objects = [release_object(raw) for raw in request.releases]
     tenants = [o for o in objects if isinstance(o, Tenant)]
-    roots = pool_roots_above(request.namespace, tenants)
-    labels: dict[str, str | None] = {TENANT_NAMESPACE_LABEL: "true"}
-    for depth in range(len(chain)):
-        labels[pool_level_label(depth)] = roots.get(depth)
+    in_root_pool = root_bounded(tenants)
+    labels: dict[str, str | None] = {
+        TENANT_NAMESPACE_LABEL: "true",
+        TOP_LEVEL_LABEL: top_level_namespace(request.namespace),
+        pool_level_label(0): ROOT_NAMESPACE if in_root_pool else None,
+    }
+    for depth in range(1, len(chain)):
+        labels[pool_level_label(depth)] = None
     invalid = tuple(
         InvalidObject("HelmRelease", t.where, t.unreadable)
         for t in tenants
@@ -110,5 +113,5 @@ def sync(request: TenantNamespaceSync) -> LabelsOutcome:
     return LabelsOutcome(
         LabelsResponse(labels=labels, attachments=[], status=None),
         invalid=invalid,
-        counts={"depth": len(chain), "pools_above": len(roots)},
+        counts={"depth": len(chain), "in_root_pool": int(in_root_pool)},
     )

@@ -159,7 +159,7 @@ class BudgetCollector(Collector):
     """The pool reports this replica computed, exported at scrape time: one series per bounded
     tenant and key it declares, each pool as its last report left it and stamped with when, gone
     three status resync periods after that report (the reports resync with the status) or at
-    once when a report of its namespace finds no pool."""
+    once when a sync that decides its namespace finds no pool there."""
 
     def __init__(self, stale_after_seconds: float, clock: Callable[[], float]) -> None:
         self._stale_after = stale_after_seconds
@@ -167,12 +167,14 @@ class BudgetCollector(Collector):
         self._lock = threading.Lock()
         self._pools: dict[str, tuple[PoolUse, float]] = {}
 
-    def record(self, namespace: str, pool: PoolUse | None) -> None:
+    def record(self, namespaces: Iterable[str], pools: Iterable[PoolUse]) -> None:
+        """What one sync decided: each pool it found, and no pool in its other namespaces."""
+        now = self._clock()
         with self._lock:
-            if pool is None:
+            for namespace in namespaces:
                 self._pools.pop(namespace, None)
-            else:
-                self._pools[namespace] = (pool, self._clock())
+            for pool in pools:
+                self._pools[pool.namespace] = (pool, now)
 
     def _current(self) -> list[tuple[PoolUse, float]]:
         """The pools reported within the staleness window, with when (older ones forgotten)."""
@@ -574,7 +576,7 @@ class Metrics:
         elif isinstance(observation, LicenseCopiesObserved):
             self._record_license(observation)
         elif isinstance(observation, BudgetUsageObserved):
-            self.budgets.record(observation.namespace, observation.pool)
+            self.budgets.record(observation.namespaces, observation.pools)
         else:
             self.budget_reviews.labels(verdict=observation.verdict).inc()
 

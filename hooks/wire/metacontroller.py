@@ -343,17 +343,15 @@ def decode_namespace(raw: msgspec.Raw, field: str) -> TargetNamespace:
 
 @dataclass(frozen=True)
 class ReportSync:
-    """A pool report's sync request: its namespace, each release still raw (the budget rules read
-    each on its own, and mark what does not decode), the ConfigMaps decoded (its own `gpu-budget`
-    and the class index); a group is None when the request did not carry it. The namespaces
-    labelled into the pool are related only so that one newly labelled re-syncs the report, which
-    reads none of them: of that group only whether the request carried it is kept
-    (`subtree_sent`)."""
+    """A report target's sync request: its namespace, each release still raw (the budget rules
+    read each on its own, and mark what does not decode), the ConfigMaps decoded (the reports it
+    can see and the class index), the names of the namespaces labelled into its group (of a
+    namespace only its name is read); a group is None when the request did not carry it."""
 
     target: TargetNamespace
     releases: list[msgspec.Raw] | None
     config_maps: DecodedGroup | None
-    subtree_sent: bool
+    group: tuple[str, ...] | None
     attached: DecodedGroup | None
 
 
@@ -426,7 +424,7 @@ def decode_report_sync(body: bytes) -> ReportSync:
         target,
         list(related.releases.values()) if related.releases is not None else None,
         _decoded_each(related.config_maps, ConfigMap),
-        related.namespaces is not None,
+        tuple(related.namespaces) if related.namespaces is not None else None,
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
     )
 

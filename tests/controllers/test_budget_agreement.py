@@ -83,15 +83,17 @@ class Cluster:
         return [*(release(r) for r in self.releases), *(gpuclass(c) for c in self.classes_)]
 
     def report(self) -> dict[str, PoolUse]:
-        """Each pool's report, computed by its own sync from what its rules select once the
-        labeller's syncs labelled every tenant namespace (`hooks.cli.offline.pool_requests`)."""
+        """Each pool's report, computed by the sync of the target that reports it from what its
+        rules select once the labeller's syncs labelled every tenant namespace
+        (`hooks.cli.offline.pool_requests`): no pool is reported twice."""
         requests = offline.pool_requests(inventory_of(self.items()), Settings())
-        found = {}
-        for namespace, body in requests.items():
+        found: dict[str, PoolUse] = {}
+        for body in requests.values():
             outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))
             assert outcome.pools is not None
-            assert all(pool.namespace == namespace for pool in outcome.pools)
-            found.update({pool.namespace: pool for pool in outcome.pools})
+            for pool in outcome.pools:
+                assert pool.namespace not in found
+                found[pool.namespace] = pool
         return found
 
     def whole(self) -> dict[str, PoolUse]:

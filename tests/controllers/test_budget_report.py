@@ -18,6 +18,7 @@ from hypothesis import settings as hypothesis_settings
 
 from hooks.cli import offline
 from hooks.controllers import budget_report
+from hooks.rules.budget.subtrees import top_level_namespace
 from hooks.serving.app import create_app, settings_metrics
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
@@ -68,12 +69,15 @@ def answered(client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def reports(client: FlaskClient, bodies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every namespace's report, by namespace: each sync attaches at most its own."""
-    found = {}
+    """Every pool's report, by namespace: a top-level namespace's sync attaches those of its
+    subtree, `tenant-root`'s its own, the others none; no two attach one."""
+    found: dict[str, dict[str, Any]] = {}
     for namespace, body in bodies.items():
-        attached = answered(client, body)
-        assert [a["metadata"]["namespace"] for a in attached] in ([], [namespace])
-        found.update({a["metadata"]["namespace"]: a for a in attached})
+        for attached in answered(client, body):
+            where = attached["metadata"]["namespace"]
+            assert where not in found
+            assert where == namespace or top_level_namespace(where) == namespace
+            found[where] = attached
     return found
 
 
@@ -151,11 +155,15 @@ def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: Fl
     assert legacy["data"]["budget.txt"].startswith("the figures of this pool cannot be known: ")
 
 
-def test_a_tenants_own_configmap_of_that_name_is_never_written_over(client: FlaskClient) -> None:
+def test_a_gpu_budget_not_its_own_is_never_written_over(client: FlaskClient) -> None:
+    """A labelled `gpu-budget` the target did not attach (an earlier version's, owned by its
+    namespace, or a tenant's) is left out until it is gone; its other pools are reported. An
+    unlabelled one the target does not see: Metacontroller's create of it fails as already there,
+    and it writes over no object it does not own."""
     body = requests()["tenant-acme"]
-    tenants_own = config_map("tenant-acme", {"notes": "mine"}, uid="theirs")
-    body["related"][CONFIGMAPS]["tenant-acme/gpu-budget"] = tenants_own
-    assert answered(client, body) == []
+    not_ours = config_map("tenant-acme-lab", {"notes": "mine"}, uid="theirs", labels=REPORT_LABELS)
+    body["related"][CONFIGMAPS]["tenant-acme-lab/gpu-budget"] = not_ours
+    assert [a["metadata"]["namespace"] for a in answered(client, body)] == ["tenant-acme"]
 
 
 def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
@@ -166,11 +174,25 @@ def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
         "tenant-acme",
         {"budget.json": "{}", "budget.txt": "old"},
         annotations={"metacontroller.k8s.io/decorator-controller": "gpuclass-budget-pools"},
+        labels=REPORT_LABELS,
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
     body["related"][CONFIGMAPS]["tenant-acme/gpu-budget"] = ours
-    [report] = answered(client, body)
-    assert document(report)["keys"][0]["reserved"] == 3
+    acme = {a["metadata"]["namespace"]: a for a in answered(client, body)}["tenant-acme"]
+    assert document(acme)["keys"][0]["reserved"] == 3
+
+
+def test_a_namespace_below_a_top_level_one_relates_nothing_and_drops_its_old_report(
+    client: FlaskClient,
+) -> None:
+    """Its pool is its top-level namespace's to report: what it attached in earlier versions
+    (its own report) goes."""
+    assert budget_report.customize("tenant-acme-lab", "cozy-gpu").related_resources == []
+    body = requests()["tenant-acme-lab"]
+    assert body["related"] == {CONFIGMAPS: body["related"][CONFIGMAPS]}
+    old = config_map("tenant-acme-lab", {"budget.txt": "old"}, labels=REPORT_LABELS)
+    body["attachments"][CONFIGMAPS] = {"tenant-acme-lab/gpu-budget": old}
+    assert answered(client, body) == []
 
 
 @pytest.mark.parametrize(
@@ -185,7 +207,7 @@ def test_a_report_goes_only_where_its_namespace_is_not_terminating(
     client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
     """A namespace being deleted takes no new object: a ConfigMap there would fail the sync."""
-    body = requests()["tenant-acme-lab"]
+    body = requests()["tenant-acme"]
     namespace = body["object"]
     body["object"] = {
         **namespace,
@@ -379,36 +401,58 @@ def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
     assert client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
 
 
-def test_a_pools_rules_select_its_claimants_subtree_class_index_and_own_report() -> None:
-    """By the namespace's name alone: Metacontroller caches the answer per generation, which a
-    label change does not bump."""
-    rules = budget_report.customize("tenant-acme-lab", "cozy-gpu").related_resources
-    shapes = [
-        (r.resource, r.namespace, r.names, r.label_selector, r.namespace_selector) for r in rules
+KINDS = LabelSelector(
+    match_expressions=[
+        Requirement(
+            "apps.cozystack.io/application.kind", "In", ["Tenant", "VMInstance", "KubernetesNodes"]
+        )
     ]
-    depth = LabelSelector(match_labels={"gpuclass.cozystack.io/pool-level-2": "tenant-acme-lab"})
-    kinds = LabelSelector(
-        match_expressions=[
-            Requirement(
-                "apps.cozystack.io/application.kind",
-                "In",
-                ["Tenant", "VMInstance", "KubernetesNodes"],
-            )
-        ]
-    )
-    claimed_by = LabelSelector(
+)
+
+
+def claimed_by(name: str) -> LabelSelector:
+    return LabelSelector(
         match_labels={
             "apps.cozystack.io/application.kind": "Tenant",
-            "apps.cozystack.io/application.name": "lab",
+            "apps.cozystack.io/application.name": name,
         }
     )
-    assert shapes == [
-        ("helmreleases", "tenant-acme", None, claimed_by, None),
-        ("helmreleases", "tenant-acme", ["tenant-lab"], None, None),
-        ("helmreleases", None, None, kinds, depth),
-        ("namespaces", None, None, depth, None),
+
+
+def shapes(namespace: str) -> list[tuple[Any, ...]]:
+    rules = budget_report.customize(namespace, "cozy-gpu").related_resources
+    return [
+        (r.resource, r.namespace, r.names, r.label_selector, r.namespace_selector) for r in rules
+    ]
+
+
+def test_a_top_level_namespaces_rules_select_its_claimants_subtree_class_index_and_reports() -> (
+    None
+):
+    """By the namespace's name alone: Metacontroller caches the answer per generation, which a
+    label change does not bump."""
+    subtree = LabelSelector(
+        match_labels={"gpuclass.cozystack.io/top-level-namespace": "tenant-acme"}
+    )
+    assert shapes("tenant-acme") == [
+        ("helmreleases", "tenant-root", None, claimed_by("acme"), None),
+        ("helmreleases", "tenant-root", ["tenant-acme"], None, None),
+        ("helmreleases", None, None, KINDS, subtree),
+        ("namespaces", None, None, subtree, None),
         ("configmaps", "cozy-gpu", ["gpuclass-budget-classes"], None, None),
-        ("configmaps", "tenant-acme-lab", ["gpu-budget"], None, None),
+        ("configmaps", None, None, LabelSelector(match_labels=REPORT_LABELS), subtree),
+    ]
+
+
+def test_the_roots_rules_select_the_whole_tenancy_only_through_the_roots_pool_label() -> None:
+    in_root_pool = LabelSelector(match_labels={"gpuclass.cozystack.io/pool-level-0": "tenant-root"})
+    assert shapes("tenant-root") == [
+        ("helmreleases", "tenant-root", None, claimed_by("root"), None),
+        ("helmreleases", "tenant-root", ["tenant-root"], None, None),
+        ("helmreleases", None, None, KINDS, in_root_pool),
+        ("namespaces", None, None, in_root_pool, None),
+        ("configmaps", "cozy-gpu", ["gpuclass-budget-classes"], None, None),
+        ("configmaps", "tenant-root", ["gpu-budget"], None, None),
     ]
 
 
@@ -497,13 +541,15 @@ def test_the_report_series_go_three_report_resyncs_after_the_last_report(
     create_app(settings, metrics=metrics).test_client().post(SYNC, data=example_of(SYNC))
     assert series(metrics, "cozystack_gpu_budget_units")
     now[0] += 30.0
-    body = requests()["tenant-acme-lab"]  # another pool's report keeps none but its own alive
+    body = requests()["tenant-legacy"]  # another subtree's reports keep none but theirs alive
     create_app(settings, metrics=metrics).test_client().post(SYNC, json=body)
     now[0] += 29.0
-    assert series(metrics, "cozystack_gpu_budget_units")
+    assert {k[1] for k in series(metrics, "cozystack_gpu_budget_units")} == {
+        'namespace="tenant-acme"',
+        'namespace="tenant-acme-lab"',
+    }
     now[0] += 2.0
-    left = series(metrics, "cozystack_gpu_budget_units")
-    assert left and {k[1] for k in left} == {'namespace="tenant-acme-lab"'}
+    assert series(metrics, "cozystack_gpu_budget_units") == {}
 
 
 # --- against the invariant model ----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The tenant namespace labeller's hooks through HTTP (Flask's test client), with
 Metacontroller-shaped requests (docs/gpu-budgets.md, "Reading a budget"): each tenant namespace
-labelled with the bounded tenants above it, by depth; any other namespace left alone."""
+labelled with its top-level namespace, and with the root's pool while the root tenant is bounded;
+the deeper pool labels of earlier versions removed; any other namespace left alone."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ SYNC = "/tenant-namespaces/sync"
 CUSTOMIZE = "/tenant-namespaces/customize"
 TENANT_NAMESPACE = "gpuclass.cozystack.io/tenant-namespace"
 LEVEL = "gpuclass.cozystack.io/pool-level-"
+TOP_LEVEL = "gpuclass.cozystack.io/top-level-namespace"
 
 
 @pytest.fixture
@@ -49,28 +51,35 @@ def labels_of(client: FlaskClient, items: list[dict[str, Any]], name: str) -> di
     return labels
 
 
-def test_a_tenant_namespace_names_each_bounded_tenant_above_it_by_depth(
+def test_a_tenant_namespace_names_its_top_level_namespace_and_drops_deeper_pool_labels(
     client: FlaskClient,
 ) -> None:
-    """acme (depth 1) and lab (depth 2) are bounded; root is not: its depth's label goes."""
+    """A name's alone: lab is below acme, acme is top-level; root is not bounded, so its pool's
+    label goes, and so do the per-depth labels of earlier versions."""
     assert labels_of(client, tenancy_items(), "tenant-acme-lab") == {
         TENANT_NAMESPACE: "true",
+        TOP_LEVEL: "tenant-acme",
         f"{LEVEL}0": None,
-        f"{LEVEL}1": "tenant-acme",
-        f"{LEVEL}2": "tenant-acme-lab",
+        f"{LEVEL}1": None,
+        f"{LEVEL}2": None,
     }
+    assert labels_of(client, tenancy_items(), "tenant-acme")[TOP_LEVEL] == "tenant-acme"
     assert labels_of(client, tenancy_items(), "tenant-root") == {
         TENANT_NAMESPACE: "true",
+        TOP_LEVEL: None,
         f"{LEVEL}0": None,
     }
 
 
-def test_a_tenant_no_longer_bounded_has_its_label_removed_below_it(client: FlaskClient) -> None:
-    items = tenancy_items()
-    for o in items:
-        if o["metadata"]["name"] == "tenant-acme" and o["kind"] == "HelmRelease":
-            o["spec"]["values"] = {}
-    assert labels_of(client, items, "tenant-acme-team")[f"{LEVEL}1"] is None
+def test_while_the_root_tenant_is_bounded_every_tenant_namespace_is_in_the_roots_pool(
+    client: FlaskClient,
+) -> None:
+    items = [
+        *[o for o in tenancy_items() if o["metadata"]["name"] != "tenant-root"],
+        helmrelease("Tenant", "tenant-root", "root", {"resourceQuotas": {"x/devices": "4"}}),
+    ]
+    for name in ("tenant-root", "tenant-acme", "tenant-acme-lab"):
+        assert labels_of(client, items, name)[f"{LEVEL}0"] == "tenant-root", name
 
 
 def test_a_namespace_no_tenant_could_own_is_left_alone(client: FlaskClient) -> None:
@@ -88,23 +97,21 @@ def test_while_the_releases_cannot_be_trusted_the_labels_are_left_as_they_are(
     assert answer == {"labels": {}, "attachments": [], "status": None, "resyncAfterSeconds": 10.0}
 
 
-def test_the_rules_select_the_claimants_of_each_namespace_on_the_way_up() -> None:
-    """By the namespace's name alone: in each parent namespace, the Tenant release by its name
-    label and by the release name that names it where the label is missing."""
-    rules = tenant_namespaces.customize("tenant-acme-team").related_resources
-    assert [(r.namespace, r.names, r.label_selector is not None) for r in rules] == [
-        ("tenant-root", None, True),
-        ("tenant-root", ["tenant-root"], False),
-        ("tenant-root", None, True),
-        ("tenant-root", ["tenant-acme"], False),
-        ("tenant-acme", None, True),
-        ("tenant-acme", ["tenant-team"], False),
-    ]
-    assert rules[2].label_selector is not None
-    assert rules[2].label_selector.match_labels == {
-        "apps.cozystack.io/application.kind": "Tenant",
-        "apps.cozystack.io/application.name": "acme",
-    }
+def test_the_rules_select_the_root_tenants_claimants_alone() -> None:
+    """By the namespace's name alone, the same for every tenant namespace: in `tenant-root`, the
+    root's Tenant release by its name label and by the release name where the label is
+    missing."""
+    for name in ("tenant-root", "tenant-acme", "tenant-acme-team"):
+        rules = tenant_namespaces.customize(name).related_resources
+        assert [(r.namespace, r.names, r.label_selector is not None) for r in rules] == [
+            ("tenant-root", None, True),
+            ("tenant-root", ["tenant-root"], False),
+        ]
+        assert rules[0].label_selector is not None
+        assert rules[0].label_selector.match_labels == {
+            "apps.cozystack.io/application.kind": "Tenant",
+            "apps.cozystack.io/application.name": "root",
+        }
 
 
 @pytest.mark.parametrize("target", [namespace(""), {"kind": "Namespace"}, None])
@@ -120,36 +127,25 @@ def test_a_target_that_is_not_a_named_namespace_is_a_400(client: FlaskClient, ta
 
 
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[dict[str, list[str | None]], list[dict[str, Any]]]:
-    """Tenants several levels deep, each bounded (some quota, any key) or not, as their releases;
-    and by namespace, the bounded tenants' namespaces from the root down to it (None where the
-    tenant there is not bounded)."""
-    declared: dict[str, dict[str, int] | None] = {"tenant-root": None}
-    parents: dict[str, str] = {}
-    releases = [helmrelease("Tenant", "tenant-root", "root", {})]
-    for name in draw(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True)):
-        where = draw(st.sampled_from(sorted(declared)))
-        quotas = draw(
-            st.none()
-            | st.dictionaries(st.sampled_from(("cpu", "x/devices")), st.just(1), min_size=1)
+def trees(draw: st.DrawFn) -> tuple[dict[str, str | None], bool, list[dict[str, Any]]]:
+    """Tenants several levels deep, the root bounded or not, as their releases; and by namespace,
+    the top-level tenant's namespace it is in (None for the root's)."""
+    top: dict[str, str | None] = {"tenant-root": None}
+    root_quotas = draw(st.none() | st.just({"x/devices": "1"}))
+    releases = [
+        helmrelease(
+            "Tenant", "tenant-root", "root", {"resourceQuotas": root_quotas} if root_quotas else {}
         )
+    ]
+    for name in draw(st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=6, unique=True)):
+        where = draw(st.sampled_from(sorted(top)))
+        quotas = draw(st.none() | st.just({"cpu": "1"}))
         releases.append(
             helmrelease("Tenant", where, name, {"resourceQuotas": quotas} if quotas else {})
         )
         owned = f"tenant-{name}" if where == "tenant-root" else f"{where}-{name}"
-        declared[owned] = quotas or None
-        parents[owned] = where
-    chains = {}
-    for name in declared:
-        chain: list[str | None] = []
-        current = name
-        while True:
-            chain.insert(0, current if declared[current] else None)
-            if current not in parents:
-                break
-            current = parents[current]
-        chains[name] = chain
-    return chains, releases
+        top[owned] = owned if where == "tenant-root" else top[where]
+    return top, root_quotas is not None, releases
 
 
 @hypothesis_settings(
@@ -158,12 +154,17 @@ def trees(draw: st.DrawFn) -> tuple[dict[str, list[str | None]], list[dict[str, 
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(tree=trees())
-def test_a_namespaces_labels_name_exactly_the_bounded_tenants_above_it(
-    settings: Settings, tree: tuple[dict[str, list[str | None]], list[dict[str, Any]]]
+def test_a_namespaces_labels_name_its_top_level_namespace_and_the_roots_pool_exactly(
+    settings: Settings, tree: tuple[dict[str, str | None], bool, list[dict[str, Any]]]
 ) -> None:
-    chains, releases = tree
+    top, root_bounded, releases = tree
     client = create_app(settings).test_client()
-    for name, chain in chains.items():
-        expected = {f"{LEVEL}{depth}": bounded for depth, bounded in enumerate(chain)}
+    for name, top_level in top.items():
         labels = labels_of(client, releases, name)
-        assert labels == {TENANT_NAMESPACE: "true", **expected}, name
+        depth = 0 if name == "tenant-root" else name.count("-")
+        assert labels == {
+            TENANT_NAMESPACE: "true",
+            TOP_LEVEL: top_level,
+            f"{LEVEL}0": "tenant-root" if root_bounded else None,
+            **{f"{LEVEL}{d}": None for d in range(1, depth + 1)},
+        }, name

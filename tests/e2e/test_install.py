@@ -236,7 +236,68 @@ def test_the_reports_of_the_earlier_version_give_way_to_the_pool_reports(cluster
     assert json.loads(report["data"]["budget.json"])["keys"][0]["budget"] == 2
     labels = cluster.get("namespace", "tenant-b")["metadata"]["labels"]
     assert labels["gpuclass.cozystack.io/tenant-namespace"] == "true"
-    assert labels["gpuclass.cozystack.io/pool-level-1"] == "tenant-b"
+    assert labels["gpuclass.cozystack.io/top-level-namespace"] == "tenant-b"
+
+
+def test_a_sub_tenants_own_report_of_the_earlier_version_gives_way_to_its_top_level_ones(
+    cluster: Cluster,
+) -> None:
+    """An upgrade from the version where each tenant namespace reported its own pool needs
+    nothing: a sub-tenant's report, made here as that version made it (owned by its own
+    Namespace), is deleted by that namespace's target, which now reports nothing, and its
+    top-level namespace's target writes it again; the per-depth label goes."""
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tenant-b"}})
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": "tenant-b-c",
+                "labels": {"gpuclass.cozystack.io/pool-level-2": "tenant-b-c"},
+            },
+        }
+    )
+    namespace = cluster.get("namespace", "tenant-b-c")
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": "gpu-budget",
+                "namespace": "tenant-b-c",
+                "labels": {REPORT_LABEL: "true"},
+                "annotations": {
+                    "metacontroller.k8s.io/decorator-controller": "gpuclass-budget-pools"
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "name": "tenant-b-c",
+                        "uid": namespace["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "data": {"budget.txt": "the figures of the earlier version\n"},
+        }
+    )
+    cluster.apply(helmrelease("Tenant", "tenant-b", "c", {"resourceQuotas": {TOTAL_KEY: "1"}}))
+
+    def owner() -> str | None:
+        found = cluster.get("configmap", "-n", "tenant-b-c", "gpu-budget") or {}
+        owners = found.get("metadata", {}).get("ownerReferences", [])
+        return owners[0]["name"] if owners else None
+
+    wait_for(
+        "the sub-tenant's report owned by its top-level namespace", lambda: owner() == "tenant-b"
+    )
+    report = cluster.get("configmap", "-n", "tenant-b-c", "gpu-budget")
+    assert json.loads(report["data"]["budget.json"])["keys"][0]["budget"] == 1
+    labels = cluster.get("namespace", "tenant-b-c")["metadata"]["labels"]
+    assert labels["gpuclass.cozystack.io/top-level-namespace"] == "tenant-b"
+    assert "gpuclass.cozystack.io/pool-level-2" not in labels
 
 
 def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(

@@ -82,10 +82,14 @@ def test_the_report_benchmark_sends_a_tenancy_of_a_thousand_tenants_with_nested_
     bodies = report.pool_bodies(apps_per_tenant=2)
     assert len(bodies) == 1 + report.TOP_LEVEL * (1 + report.SUB_TENANTS)
     answers = {name: json.loads(report.in_process(body)) for name, body in bodies.items()}
-    attached = {name: a["attachments"] for name, a in answers.items() if a["attachments"]}
+    attached = {
+        made["metadata"]["namespace"]: made
+        for answer in answers.values()
+        for made in answer["attachments"]
+    }
     # every top-level tenant, and every other sub-tenant, is bounded with GPU keys
     assert len(attached) == report.TOP_LEVEL * (1 + report.SUB_TENANTS // 2)
-    acme = json.loads(attached["tenant-t000"][0]["data"]["budget.json"])
+    acme = json.loads(attached["tenant-t000"]["data"]["budget.json"])
     assert {k["key"] for k in acme["keys"]} == {
         "gpuclass.cozystack.io/devices",
         "l40s-24q.gpuclass.cozystack.io/devices",

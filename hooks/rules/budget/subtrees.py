@@ -1,19 +1,24 @@
-"""Pool subtrees: which namespaces a pool's report reads.
+"""Report groups: which namespaces one report target reads, and which pools it reports.
 
 A pool's figures read its own tenant's releases and every release in the namespaces below it
 (`pools`: members, carve-outs, unplaced tenants in a member namespace), never anything beside or
-above. So each tenant namespace names, by its depth, every namespace on its way up (itself
-included) that may be a pool root, and a pool root's report selects its subtree by the one name at
-its own depth. Depth is a name's alone (`namespace_chain`), so a label written per depth never
-has to move.
+above. So every pool below a top-level tenant (a child of `tenant-root`) is computed from that
+tenant's subtree alone, plus the release that claims the top-level namespace: each top-level
+namespace is one report target for its whole subtree, found by a label that depends on a name
+alone (`top_level_namespace`). The root's pool reads the whole tenancy, and only when the root
+tenant is bounded (`root_bounded`). Depth is a name's alone (`namespace_chain`): tenant names have
+no dashes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 from hooks.rules.budget.pools import owners
-from hooks.rules.budget.tenancy import Tenant, owner_of, parent_namespace
+from hooks.rules.budget.tenancy import ROOT_NAMESPACE, Tenant, owner_of, parent_namespace
+
+ReportGroup = Literal["root", "top_level", "below_top_level"]
 
 
 def namespace_chain(namespace: str) -> tuple[str, ...]:
@@ -29,14 +34,26 @@ def namespace_chain(namespace: str) -> tuple[str, ...]:
     return tuple(reversed(found))
 
 
-def pool_roots_above(namespace: str, tenants: Iterable[Tenant]) -> dict[int, str]:
-    """By depth, each namespace on the chain whose owner is bounded, as the pool arithmetic decides
-    it from the same releases (two releases claiming one namespace make an owner that cannot be
-    read, which counts as bounded). Given every Tenant release that claims a namespace on the
-    chain, a pool root whose report needs this namespace is always among them."""
-    owned = owners(tenants)
-    return {
-        depth: ancestor
-        for depth, ancestor in enumerate(namespace_chain(namespace))
-        if ancestor in owned and owned[ancestor].bounded
-    }
+def top_level_namespace(namespace: str) -> str | None:
+    """The top-level tenant's namespace a namespace is in (itself, at depth 1); None for
+    `tenant-root` and for a namespace no tenant could own."""
+    chain = namespace_chain(namespace)
+    return chain[1] if len(chain) > 1 else None
+
+
+def report_group(namespace: str) -> ReportGroup | None:
+    """What a tenant namespace's report target reports: the root's pool, every pool of a
+    top-level subtree, or nothing (its pool is its top-level namespace's to report); None for a
+    namespace no tenant could own."""
+    depth = len(namespace_chain(namespace))
+    if depth == 0:
+        return None
+    return ("root", "top_level", "below_top_level")[min(depth, 3) - 1]
+
+
+def root_bounded(tenants: Iterable[Tenant]) -> bool:
+    """Whether `tenant-root`'s tenant is bounded, as the pool arithmetic decides it from the
+    releases that claim it (two claiming it make an owner that cannot be read, which counts as
+    bounded)."""
+    owner = owners(tenants).get(ROOT_NAMESPACE)
+    return owner is not None and owner.bounded
