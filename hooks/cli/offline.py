@@ -22,7 +22,7 @@ from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.subtrees import namespace_chain
-from hooks.rules.budget.tenancy import Tenant
+from hooks.rules.budget.tenancy import ROOT_NAMESPACE, Tenant
 from hooks.rules.budget.usage import PoolUse
 from hooks.rules.capacity import Capacity
 from hooks.rules.class_status import CONDITIONS
@@ -376,14 +376,17 @@ def _tenant_namespaces(inventory: Inventory) -> list[str]:
 
 def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
     """The inventory with its tenant namespaces (made where the dump has none) labelled as the
-    tenant namespace labeller's syncs would label them."""
+    tenant namespace labeller's syncs would label them: `tenant-root` first, whose label the
+    others copy."""
     found = {ns["metadata"]["name"]: ns for ns in inventory.objects.get(NAMESPACES_RESOURCE, [])}
-    labelled = []
-    for name in namespaces:
+    labelled: list[dict[str, Any]] = []
+    for name in sorted(namespaces, key=lambda n: n != ROOT_NAMESPACE):
         namespace = found.pop(
             name, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         )
-        related = select_related(tenant_namespaces.customize(name).related_resources, inventory)
+        seen = {**inventory.objects, NAMESPACES_RESOURCE: [*found.values(), *labelled]}
+        rules = tenant_namespaces.customize(name).related_resources
+        related = select_related(rules, Inventory(seen, inventory.kubevirt, inventory.unknown))
         body = {"object": namespace, "related": related}
         answer = tenant_namespaces.sync(decode_tenant_namespace_sync(_bytes(body))).response
         labels = dict(namespace["metadata"].get("labels") or {})

@@ -95,7 +95,7 @@ class ReportOutcome:
     response: DecoratorSyncResponse
     outcome: ReportResult = "ok"
     pools: tuple[PoolUse, ...] | None = None  # None: the sync could not tell
-    reported: tuple[str, ...] = ()  # the namespaces whose pools it decided: the others it reports
+    reported: tuple[str, ...] = ()  # whose pools it decided: a pool elsewhere is another target's
     invalid: tuple[InvalidObject, ...] = ()
     counts: dict[str, int] = field(default_factory=dict)
 

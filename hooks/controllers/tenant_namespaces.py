@@ -6,10 +6,15 @@ gets `gpuclass.cozystack.io/tenant-namespace: "true"` (which makes it a target o
 report); below `tenant-root`, `gpuclass.cozystack.io/top-level-namespace: <the top-level tenant's
 namespace it is in>` (itself at depth 1), a name's alone; and, while the root tenant is bounded,
 `gpuclass.cozystack.io/pool-level-0: tenant-root` (the root's pool reads the whole tenancy, and
-only then). The deeper `pool-level-<depth>` labels of earlier versions are removed. Its related
-objects are the Tenant releases that could claim `tenant-root`: found by name alone, so customize
-never depends on labels (Metacontroller caches its answer per generation, which a label change
-does not bump). Any other namespace is left alone.
+only then). The deeper `pool-level-<depth>` labels of earlier versions are removed.
+
+Whether the root tenant is bounded is read once: `tenant-root` relates the Tenant releases that
+could claim it, and every other tenant namespace relates the `tenant-root` Namespace and copies
+its label. Metacontroller matches every related object against every target's rules, so a
+release rule on every tenant namespace would cost a selector match per namespace for each release
+it lists; a Namespace rule by name costs a comparison. Both are a name's alone, so
+customize never depends on labels (Metacontroller caches its answer per generation, which a
+label change does not bump). Any other namespace is left alone.
 """
 
 from __future__ import annotations
@@ -71,8 +76,12 @@ def claimant_rules(namespace: str) -> list[RelatedRule]:
 
 
 def customize(namespace: str) -> CustomizeResponse:
-    related = claimant_rules(ROOT_NAMESPACE) if namespace_chain(namespace) else []
-    return CustomizeResponse(related_resources=related)
+    if namespace == ROOT_NAMESPACE:
+        return CustomizeResponse(related_resources=claimant_rules(ROOT_NAMESPACE))
+    if not namespace_chain(namespace):
+        return CustomizeResponse(related_resources=[])
+    root = RelatedRule(api_version="v1", resource="namespaces", names=[ROOT_NAMESPACE])
+    return CustomizeResponse(related_resources=[root])
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,14 @@ def sync(request: TenantNamespaceSync) -> LabelsOutcome:
         return LabelsOutcome(
             LabelsResponse(labels={}, attachments=[], status=None), "not_a_tenant_namespace"
         )
-    if request.releases is None:
-        # Selected by other rules than today's: leave the labels until customize is asked again.
+    in_root_pool, invalid = _in_root_pool(request)
+    if in_root_pool is None:
+        # Selected by other rules than today's (or the root's Namespace did not decode): leave the
+        # labels until customize is asked again.
         response = LabelsResponse(
             labels={}, attachments=[], status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
         )
-        return LabelsOutcome(response, "stale_related")
-    objects = [release_object(raw) for raw in request.releases]
-    tenants = [o for o in objects if isinstance(o, Tenant)]
-    in_root_pool = root_bounded(tenants)
+        return LabelsOutcome(response, "stale_related", invalid=invalid)
     labels: dict[str, str | None] = {
         TENANT_NAMESPACE_LABEL: "true",
         TOP_LEVEL_LABEL: top_level_namespace(request.namespace),
@@ -105,13 +113,31 @@ def sync(request: TenantNamespaceSync) -> LabelsOutcome:
     }
     for depth in range(1, len(chain)):
         labels[pool_level_label(depth)] = None
-    invalid = tuple(
-        InvalidObject("HelmRelease", t.where, t.unreadable)
-        for t in tenants
-        if t.unreadable is not None
-    )
     return LabelsOutcome(
         LabelsResponse(labels=labels, attachments=[], status=None),
         invalid=invalid,
         counts={"depth": len(chain), "in_root_pool": int(in_root_pool)},
     )
+
+
+def _in_root_pool(request: TenantNamespaceSync) -> tuple[bool | None, tuple[InvalidObject, ...]]:
+    """Whether the root tenant is bounded: from its claimants for `tenant-root`, from the label
+    `tenant-root` carries for the others; None when the request cannot tell. With the releases
+    that did not decode."""
+    if request.namespace == ROOT_NAMESPACE:
+        if request.releases is None:
+            return None, ()
+        objects = [release_object(raw) for raw in request.releases]
+        tenants = [o for o in objects if isinstance(o, Tenant)]
+        invalid = tuple(
+            InvalidObject("HelmRelease", t.where, t.unreadable)
+            for t in tenants
+            if t.unreadable is not None
+        )
+        return root_bounded(tenants), invalid
+    if request.namespaces is None or request.namespaces.invalid:
+        unreadable = request.namespaces.invalid if request.namespaces else []
+        return None, tuple(InvalidObject("Namespace", n, "does not decode") for n in unreadable)
+    root = [n for n in request.namespaces.objects if n.metadata.name == ROOT_NAMESPACE]
+    in_pool = any(n.metadata.labels.get(pool_level_label(0)) == ROOT_NAMESPACE for n in root)
+    return in_pool, ()

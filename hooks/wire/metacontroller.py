@@ -431,6 +431,7 @@ def decode_report_sync(body: bytes) -> ReportSync:
 
 class _TenantReleases(msgspec.Struct):
     releases: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=HELMRELEASES)
+    namespaces: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=NAMESPACES)
 
 
 class _TenantNamespaceSync(msgspec.Struct):
@@ -440,11 +441,13 @@ class _TenantNamespaceSync(msgspec.Struct):
 
 @dataclass(frozen=True)
 class TenantNamespaceSync:
-    """The tenant namespace labeller's sync request: the namespace's name and the Tenant releases
-    its rules select, each still raw; None when the request did not carry them."""
+    """The tenant namespace labeller's sync request: the namespace's name, the Tenant releases its
+    rules select (each still raw) and the Namespaces (decoded each on its own); a group is None
+    when the request did not carry it."""
 
     namespace: str
     releases: list[msgspec.Raw] | None
+    namespaces: DecodedGroup | None = None
 
 
 _TENANT_NAMESPACE = msgspec.json.Decoder(_TenantNamespaceSync)
@@ -456,5 +459,7 @@ def decode_tenant_namespace_sync(body: bytes) -> TenantNamespaceSync:
     target = decode_namespace(request.object, "object")
     releases = request.related.releases
     return TenantNamespaceSync(
-        target.metadata.name, list(releases.values()) if releases is not None else None
+        target.metadata.name,
+        list(releases.values()) if releases is not None else None,
+        _decoded_each(request.related.namespaces, Namespace),
     )

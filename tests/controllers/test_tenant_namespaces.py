@@ -38,7 +38,13 @@ def namespace(name: str) -> dict[str, Any]:
 
 
 def labels_of(client: FlaskClient, items: list[dict[str, Any]], name: str) -> dict[str, Any]:
-    """The labels the sync answers for a namespace, given what its rules select of the items."""
+    """The labels the sync answers for a namespace, given what its rules select of the items
+    and of `tenant-root` as its own sync labelled it."""
+    if name != "tenant-root" and name.startswith("tenant-"):
+        labelled = labels_of(client, items, "tenant-root")
+        root = namespace("tenant-root")
+        root["metadata"]["labels"] = {k: v for k, v in labelled.items() if v is not None}
+        items = [*items, root]
     inventory = inventory_of(items)
     rules = tenant_namespaces.customize(name).related_resources
     body = {"object": namespace(name), "related": offline.select_related(rules, inventory)}
@@ -88,29 +94,52 @@ def test_a_namespace_no_tenant_could_own_is_left_alone(client: FlaskClient) -> N
     assert labels_of(client, tenancy_items(), "kube-system") == {}
 
 
-def test_while_the_releases_cannot_be_trusted_the_labels_are_left_as_they_are(
+def test_while_the_roots_releases_cannot_be_trusted_tenant_roots_labels_are_left_as_they_are(
     client: FlaskClient,
 ) -> None:
-    body = json.loads(example_of(SYNC))
-    del body["related"]["HelmRelease.helm.toolkit.fluxcd.io/v2"]
+    body = {"object": namespace("tenant-root"), "related": {}}
     answer = client.post(SYNC, json=body).get_json()
     assert answer == {"labels": {}, "attachments": [], "status": None, "resyncAfterSeconds": 10.0}
 
 
-def test_the_rules_select_the_root_tenants_claimants_alone() -> None:
-    """By the namespace's name alone, the same for every tenant namespace: in `tenant-root`, the
-    root's Tenant release by its name label and by the release name where the label is
-    missing."""
-    for name in ("tenant-root", "tenant-acme", "tenant-acme-team"):
-        rules = tenant_namespaces.customize(name).related_resources
-        assert [(r.namespace, r.names, r.label_selector is not None) for r in rules] == [
-            ("tenant-root", None, True),
-            ("tenant-root", ["tenant-root"], False),
-        ]
-        assert rules[0].label_selector is not None
-        assert rules[0].label_selector.match_labels == {
-            "apps.cozystack.io/application.kind": "Tenant",
-            "apps.cozystack.io/application.name": "root",
+def test_tenant_root_relates_the_root_tenants_claimants_and_the_others_tenant_root() -> None:
+    """By the namespace's name alone: `tenant-root` relates, in itself, the root's Tenant release
+    by its name label and by the release name where the label is missing; every other tenant
+    namespace relates the `tenant-root` Namespace by name, whose label it copies (a Namespace
+    rule by name costs Metacontroller a comparison per release it lists; a release rule, a
+    selector match)."""
+    rules = tenant_namespaces.customize("tenant-root").related_resources
+    assert [(r.resource, r.namespace, r.names, r.label_selector is not None) for r in rules] == [
+        ("helmreleases", "tenant-root", None, True),
+        ("helmreleases", "tenant-root", ["tenant-root"], False),
+    ]
+    assert rules[0].label_selector is not None
+    assert rules[0].label_selector.match_labels == {
+        "apps.cozystack.io/application.kind": "Tenant",
+        "apps.cozystack.io/application.name": "root",
+    }
+    for name in ("tenant-acme", "tenant-acme-team"):
+        [rule] = tenant_namespaces.customize(name).related_resources
+        assert (rule.resource, rule.namespace, rule.names, rule.label_selector) == (
+            "namespaces",
+            None,
+            ["tenant-root"],
+            None,
+        )
+
+
+def test_while_tenant_roots_namespace_cannot_be_read_the_labels_are_left_as_they_are(
+    client: FlaskClient,
+) -> None:
+    broken = {"Namespace.v1": {"tenant-root": {"metadata": {"labels": []}}}}
+    for related in ({}, broken):
+        body = {"object": namespace("tenant-acme"), "related": related}
+        answer = client.post(SYNC, json=body).get_json()
+        assert answer == {
+            "labels": {},
+            "attachments": [],
+            "status": None,
+            "resyncAfterSeconds": 10.0,
         }
 
 
