@@ -1,4 +1,4 @@
-"""Benchmark: the budget report's syncs at scale, on a generated tenancy: each pool's.
+"""Benchmark: the budget report's syncs at scale, on a generated tenancy: each report target's.
 
     python -m bench.report                      # 1,000 tenants x 50 apps
     python -m bench.report --apps 5         # 1,000 tenants x 5 apps
@@ -8,9 +8,10 @@ keys, with nine sub-tenants each (every other one bounded too); `apps` apps in e
 namespace (VMs with 0 to 2 devices, worker pools of 1 to 3 replicas, VMs without devices). Each
 release is shaped as Flux stores a Cozystack app (labels, chart spec, values, status with its
 conditions and history), so each request is the size Metacontroller would send. Each tenant
-namespace's request holds what its rules select once the namespaces are labelled. It prints the
-requests' sizes, the syncs in process (decode, rules, encode; every pool's, and the largest
-pool's alone; medians of three), and every pool's HTTP round trip in turn against
+namespace's request holds what its rules select once the namespaces are labelled (a top-level
+tenant's reports every pool of its subtree). It prints the requests' sizes, the syncs in process
+(decode, rules, encode; every target's, and the largest target's alone; medians of three), and
+every target's HTTP round trip in turn against
 `gpuclass-hooks serve` on loopback with the serving worker's peak memory (the worker and the
 process it computes a call in). Figures go in docs/scale.md.
 """
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     largest = max(bodies, key=lambda name: len(bodies[name]))
     print(
         f"{tenants} tenants x {args.apps} apps: {tenants * (1 + args.apps)} releases, "
-        f"{len(bodies)} pool requests of {sum(map(len, bodies.values())) / MB:.1f} MB in all, "
+        f"{len(bodies)} report requests of {sum(map(len, bodies.values())) / MB:.1f} MB in all, "
         f"the largest {len(bodies[largest]) / MB:.2f} MB ({largest}; generated in "
         f"{time.perf_counter() - started:.1f} s)"
     )
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         largest_times.append(time.perf_counter() - started)
     reports = sum(len(json.loads(a)["attachments"]) for a in answers.values())
     print(
-        f"in process: every pool {statistics.median(times):.2f} s, the largest pool "
+        f"in process: every target {statistics.median(times):.2f} s, the largest target "
         f"{statistics.median(largest_times) * 1000:.0f} ms (medians of 3); {reports} ConfigMaps"
     )
     with serve(
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert served == answers[name], f"{name}: served differs from in process"
             took = time.perf_counter() - started
     print(
-        f"served (gunicorn), every pool in turn: {took:.2f} s of round trips, peak "
+        f"served (gunicorn), every target in turn: {took:.2f} s of round trips, peak "
         f"{peak.mb:.0f} MB (idle {idle:.0f} MB)"
     )
     return 0
