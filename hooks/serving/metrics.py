@@ -158,8 +158,8 @@ class ClassCollector(Collector):
 class BudgetCollector(Collector):
     """The pool reports this replica computed, exported at scrape time: one series per bounded
     tenant and key it declares, each pool as its last report left it and stamped with when, gone
-    three status resync periods after that report (the reports resync with the status) or at
-    once when a sync that decides its namespace finds no pool there."""
+    three report resync periods after that report or at once when a sync that decides its
+    namespace finds no pool there."""
 
     def __init__(self, stale_after_seconds: float, clock: Callable[[], float]) -> None:
         self._stale_after = stale_after_seconds
