@@ -1,7 +1,7 @@
 """Bugs the suite must keep catching: each patch under mutation/bugs/ puts back one (a mutant that
 once survived, or the bug behind a behaviour an issue named), and the suite must fail on it.
 
-For each patch: a scratch copy of the tracked files, the patch applied, and the tests run there
+For each patch: a scratch copy of the checkout, the patch applied, and the tests run there
 with this checkout's venv (the first failure ends the run): `make unit`, or, for a bug only the
 real server, helm or the API server shows, the tests the patch names before its diff, one line
 `Caught by: <pytest node ids>` (git apply skips the lines before a diff). The unpatched copy runs
@@ -29,11 +29,17 @@ PATCHES_APPLY = "tests/repo/test_mutation_report.py::test_every_bug_patch_still_
 
 
 def scratch_copy(into: Path) -> Path:
-    """The tracked files (as they are in the working tree), without the venv or caches."""
+    """A clone sharing this checkout's history (tests read commits: a design at a commit, the
+    chart of an earlier release), its tracked files as they are in the working tree, without the
+    venv or caches."""
     listed = subprocess.run(
         ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
     ).stdout.decode()
     copy = into / "repo"
+    subprocess.run(
+        ["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(copy)], check=True
+    )
+    subprocess.run(["git", "-C", str(copy), "reset", "--quiet"], check=True)
     for name in filter(None, listed.split("\0")):
         source, target = ROOT / name, copy / name
         if source.is_file():
