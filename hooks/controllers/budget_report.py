@@ -351,6 +351,10 @@ def sync(request: ReportSync) -> ReportOutcome:
             "over_budget": sum(1 for p in pools if p.over_budget),
             "unreadable": sum(1 for p in pools if p.unreadable is not None),
             "conflicts": sum(1 for p in pools if p.namespace in taken),
+            # A report first asked for, or one Metacontroller cannot create because an unlabelled
+            # `gpu-budget` (a tenant's own, which no rule here can name) already stands there:
+            # the second stays above zero sync after sync.
+            "unattached": sum(1 for r in reports if r.metadata.namespace not in ours),
             "unwritable": 0 if writable else len(pools),
         },
     )

@@ -8,6 +8,7 @@ versions."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,30 @@ def test_a_gpu_budget_not_its_own_is_never_written_over(client: FlaskClient) -> 
     not_ours = config_map("tenant-acme-lab", {"notes": "mine"}, uid="theirs", labels=REPORT_LABELS)
     body["related"][CONFIGMAPS]["tenant-acme-lab/gpu-budget"] = not_ours
     assert [a["metadata"]["namespace"] for a in answered(client, body)] == ["tenant-acme"]
+
+
+def test_a_report_asked_for_and_not_attached_is_counted_in_its_log_line(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first report, or one an unlabelled `gpu-budget` of a tenant's stands in the way of
+    (Metacontroller's create finds it there and skips it): the count that stays above zero sync
+    after sync is the hoster's sign of it."""
+    body = requests()["tenant-acme"]
+
+    def unattached() -> int:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
+            answered(client, body)
+        [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
+        count: int = call["unattached"]
+        return count
+
+    assert unattached() == 2
+    first = {a["metadata"]["namespace"]: a for a in answered(client, body)}
+    body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": first["tenant-acme"]}
+    assert unattached() == 1  # the lab's, whose own `gpu-budget` Metacontroller keeps finding
+    body["attachments"][CONFIGMAPS]["tenant-acme-lab/gpu-budget"] = first["tenant-acme-lab"]
+    assert unattached() == 0
 
 
 def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
