@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from bench.cluster import GPU_RESOURCES, generate, license_sync_body, status_sync_body
 from bench.common import free_units
@@ -98,6 +99,7 @@ def test_the_report_benchmark_sends_a_tenancy_of_a_thousand_tenants_with_nested_
     assert acme["keys"][0]["carvedOut"] == 4 * 20  # the four bounded sub-tenants
 
 
+@pytest.mark.tools  # the chart is rendered with helm
 def test_a_design_at_a_commit_is_that_commits_service_and_chart(tmp_path: Path) -> None:
     from bench.metacontroller import hooks_at
 
