@@ -274,7 +274,7 @@ def test_check_waits_reach_seconds_for_a_service_not_yet_routed(tmp_path: Path) 
         listener.listen()
         _answer_one_customize(listener)
 
-    server = threading.Thread(target=serve_late)
+    server = threading.Thread(target=serve_late, daemon=True)
     server.start()
     try:
         assert check(Target(f"http://127.0.0.1:{port}", reach_seconds=10)) == []
@@ -309,7 +309,8 @@ def test_check_waits_reach_seconds_for_a_service_name_not_yet_resolved(
 
     monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
 
-    server = threading.Thread(target=_answer_one_customize, args=(listener,))
+    # A daemon: a check that never calls leaves it in accept(), which must not hold pytest's exit.
+    server = threading.Thread(target=_answer_one_customize, args=(listener,), daemon=True)
     server.start()
     try:
         assert check(Target(f"http://hooks.cozy-gpu.svc:{port}", reach_seconds=30)) == []
