@@ -16,7 +16,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from hooks.controllers import budget, budget_report, license, status, tenant_namespaces
+from hooks.controllers import (
+    budget,
+    budget_report,
+    license,
+    pod_resources,
+    status,
+    tenant_namespaces,
+)
 from hooks.controllers.budget import BudgetInputs, BudgetOutcome
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import ClassComputation, StatusOutcome
@@ -32,6 +39,7 @@ from hooks.wire.metacontroller import (
     decode_decorator_sync,
     decode_envelope,
     decode_namespace,
+    decode_pod_target_sync,
     decode_report_sync,
     decode_tenant_namespace_sync,
     encode,
@@ -195,6 +203,17 @@ def tenant_namespace_sync(inputs: HookInputs, body: bytes) -> Answer:
     )
 
 
+def pod_resources_sync(inputs: HookInputs, body: bytes) -> Answer:
+    pod = decode_pod_target_sync(body)
+    outcome = pod_resources.sync(pod, inputs.settings)
+    where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+    return Answer(
+        encode(outcome.response),
+        {"pod": where, "outcome": "ok", **outcome.counts},
+        about={"controller": "gpuclass-pod-resources", "pod": where},
+    )
+
+
 def report_customize(inputs: HookInputs, body: bytes) -> Answer:
     parent = decode_namespace(decode_envelope(body, CustomizeRequest).parent, "parent")
     answer = budget_report.customize(parent.metadata.name, inputs.settings.budget_classes_namespace)
@@ -293,6 +312,7 @@ HOOKS: tuple[Hook, ...] = (
         "/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, forkable=True
     ),
     Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, forkable=True),
+    Hook("/pod-resources/sync", "metacontroller", pod_resources_sync, forkable=True),
     Hook("/budget-pools/customize", "metacontroller", report_customize, forkable=True),
     Hook("/budget-pools/sync", "metacontroller", report_sync, forkable=True),
     Hook("/budget-report/customize", "metacontroller", class_index_customize, forkable=True),

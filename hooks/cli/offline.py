@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from hooks.controllers import budget_report, license, status, tenant_namespaces
+from hooks.controllers import budget_report, license, pod_resources, status, tenant_namespaces
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
 from hooks.rules.budget.releases import release_object
@@ -46,11 +46,12 @@ from hooks.wire.metacontroller import (
     decode_class_index_sync,
     decode_composite_sync,
     decode_decorator_sync,
+    decode_pod_target_sync,
     decode_report_sync,
     decode_tenant_namespace_sync,
 )
 from hooks.wire.names import namespaced_key
-from hooks.wire.problems import Undecodable, decoded, decoder_for
+from hooks.wire.problems import BadRequest, Undecodable, decoded, decoder_for
 from hooks.wire.text import table
 
 # The kinds plan reads are the ones the hooks read, by (apiVersion, kind) as a dump names them.
@@ -250,8 +251,10 @@ def kubevirt_view(inventory: Inventory, settings: Settings) -> KubeVirtView:
 
 
 def run_offline(inventory: Inventory, settings: Settings, now: datetime) -> list[OfflineClass]:
-    """Each class through both hooks, as Metacontroller would call them."""
+    """Each class through both hooks, as Metacontroller would call them, once the pod labeller
+    has labelled the pods."""
     view = kubevirt_view(inventory, settings)
+    inventory = pods_labelled(inventory, settings)
     secrets = inventory.objects.get(("v1", "secrets"), [])
     plans = []
     classes = inventory.objects.get((GPUCLASS_API_VERSION, "gpuclasses"), [])
@@ -360,6 +363,7 @@ def explain(plan: OfflineClass) -> list[dict[str, Any]]:
 
 RELEASES = ("helm.toolkit.fluxcd.io/v2", "helmreleases")
 NAMESPACES_RESOURCE = ("v1", "namespaces")
+PODS_RESOURCE = ("v1", "pods")
 
 
 def _tenant_namespaces(inventory: Inventory) -> list[str]:
@@ -389,14 +393,37 @@ def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
         related = select_related(rules, Inventory(seen, inventory.kubevirt, inventory.unknown))
         body = {"object": namespace, "related": related}
         answer = tenant_namespaces.sync(decode_tenant_namespace_sync(_bytes(body))).response
-        labels = dict(namespace["metadata"].get("labels") or {})
-        for key, value in answer.labels.items():
-            if value is None:
-                labels.pop(key, None)
-            else:
-                labels[key] = value
-        labelled.append({**namespace, "metadata": {**namespace["metadata"], "labels": labels}})
+        labelled.append(_with_labels(namespace, answer.labels))
     objects = {**inventory.objects, NAMESPACES_RESOURCE: [*found.values(), *labelled]}
+    return Inventory(objects, inventory.kubevirt, inventory.unknown)
+
+
+def _with_labels(obj: dict[str, Any], answer: dict[str, str | None]) -> dict[str, Any]:
+    """The object as Metacontroller leaves it after a decorator's labels (null removes one)."""
+    labels = dict(obj["metadata"].get("labels") or {})
+    for key, value in answer.items():
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+    return {**obj, "metadata": {**obj["metadata"], "labels": labels}}
+
+
+def pods_labelled(inventory: Inventory, settings: Settings) -> Inventory:
+    """The inventory with the pods the pod selector picks labelled as the pod labeller's syncs
+    would label them; a pod the labeller could not read keeps its labels."""
+    selector = settings.pod_label_selector
+    pods = []
+    for pod in inventory.objects.get(PODS_RESOURCE, []):
+        if selector_matches(selector, pod["metadata"].get("labels") or {}):
+            try:
+                target = decode_pod_target_sync(_bytes({"object": pod}))
+            except BadRequest:
+                pods.append(pod)
+                continue
+            pod = _with_labels(pod, pod_resources.sync(target, settings).response.labels)
+        pods.append(pod)
+    objects = {**inventory.objects, PODS_RESOURCE: pods}
     return Inventory(objects, inventory.kubevirt, inventory.unknown)
 
 

@@ -21,7 +21,9 @@ from hooks.wire.kube import (
     NameOnlyMeta,
     Namespace,
     Node,
+    ObjectMeta,
     Pod,
+    PodSpec,
     Secret,
     is_absent,
 )
@@ -463,3 +465,26 @@ def decode_tenant_namespace_sync(body: bytes) -> TenantNamespaceSync:
         list(releases.values()) if releases is not None else None,
         _decoded_each(request.related.namespaces, Namespace),
     )
+
+
+class TargetPod(msgspec.Struct, kw_only=True, rename="camel", frozen=True):
+    """The pod labeller's target: the pod's resources (what the labels say) and its labels."""
+
+    api_version: str = ""
+    kind: str = ""
+    metadata: ObjectMeta = ObjectMeta()
+    spec: PodSpec = PodSpec()
+
+
+class _PodTargetSync(msgspec.Struct):
+    object: msgspec.Raw = msgspec.Raw()
+
+
+_POD_TARGET_SYNC = msgspec.json.Decoder(_PodTargetSync)
+_POD_TARGET = msgspec.json.Decoder(TargetPod)
+
+
+def decode_pod_target_sync(body: bytes) -> TargetPod:
+    """The pod labeller's sync: a Pod target with a name, or BadRequest (it relates nothing)."""
+    request = decode_request(_POD_TARGET_SYNC, body, "request envelope")
+    return _named_object(request.object, "object", _POD_TARGET, "v1", "Pod")

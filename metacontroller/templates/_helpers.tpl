@@ -48,6 +48,43 @@ The service ignores the query parameter.
 {{- end -}}
 
 {{/*
+A label selector in kubectl syntax (`a=b,c!=d,e in (x,y),f,!g`, as the service parses it) as the
+LabelSelector a controller's resource takes: the pod labeller's targets are the pods the status's
+rules read, whatever the pod selector says. The service refuses a selector it cannot parse.
+*/}}
+{{- define "gpuclass-hooks.labelSelector" -}}
+{{- $labels := dict -}}
+{{- $expressions := list -}}
+{{- $set := "^(\\S+)\\s+(in|notin)\\s*\\(([^()]*)\\)$" -}}
+{{- range $term := regexFindAll "[^,()]+(\\([^()]*\\))?" . -1 -}}
+{{- $t := trim $term -}}
+{{- if not $t -}}
+{{- else if hasPrefix "!" $t -}}
+{{- $expressions = append $expressions (dict "key" (trim (trimPrefix "!" $t)) "operator" "DoesNotExist") -}}
+{{- else if regexMatch $set $t -}}
+{{- $values := list -}}
+{{- range splitList "," (regexReplaceAll $set $t "${3}") -}}
+{{- if trim . }}{{ $values = append $values (trim .) }}{{ end -}}
+{{- end -}}
+{{- $operator := ternary "In" "NotIn" (eq (regexReplaceAll $set $t "${2}") "in") -}}
+{{- $expressions = append $expressions (dict "key" (regexReplaceAll $set $t "${1}") "operator" $operator "values" ($values | sortAlpha | uniq)) -}}
+{{- else if contains "!=" $t -}}
+{{- $pair := regexSplit "\\s*!=\\s*" $t 2 -}}
+{{- $expressions = append $expressions (dict "key" (first $pair) "operator" "NotIn" "values" (list (last $pair))) -}}
+{{- else if contains "=" $t -}}
+{{- $pair := regexSplit "\\s*==?\\s*" $t 2 -}}
+{{- $_ := set $labels (first $pair) (last $pair) -}}
+{{- else -}}
+{{- $expressions = append $expressions (dict "key" $t "operator" "Exists") -}}
+{{- end -}}
+{{- end -}}
+{{- $selector := dict -}}
+{{- if $labels }}{{ $_ := set $selector "matchLabels" $labels }}{{ end -}}
+{{- if $expressions }}{{ $_ := set $selector "matchExpressions" $expressions }}{{ end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
+{{/*
 A checksum of the credentials Metacontroller reads from Secrets when it builds a controller (the
 token it sends, the CA it trusts, the client certificate it presents), as the cluster holds them
 at render time. Metacontroller rebuilds a controller only when its spec changes, so a credential

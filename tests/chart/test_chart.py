@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import jsonschema
+import msgspec
 import pytest
 import trustme
 import yaml
@@ -144,6 +145,7 @@ def test_gpu_switch_follows_the_operator_variant_unless_set(
     assert [d["metadata"]["name"] for d in by_kind(documents, "DecoratorController")] == [
         "gpuclass-license",
         "gpuclass-tenant-namespaces",
+        "gpuclass-pod-resources",
         "gpuclass-budget-pools",
         "gpuclass-budget-report",
     ]
@@ -160,6 +162,7 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         "gpuclass-license/sync",
         "gpuclass-tenant-namespaces/customize",
         "gpuclass-tenant-namespaces/sync",
+        "gpuclass-pod-resources/sync",
         "gpuclass-budget-pools/customize",
         "gpuclass-budget-pools/sync",
         "gpuclass-budget-report/customize",
@@ -247,6 +250,32 @@ def test_the_tenant_namespace_labeller_decorates_every_namespace(
     tenant could own alone. No resync: only a release or a namespace changes its labels."""
     spec = decorator(default_render, "gpuclass-tenant-namespaces")["spec"]
     assert spec["resources"] == [{"apiVersion": "v1", "resource": "namespaces"}]
+    assert "attachments" not in spec and "resyncPeriodSeconds" not in spec
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "kubevirt.io=virt-launcher",
+        "a=b,c!=d,e in (y, x,x),f,!g",
+        " a == b , k notin (z) ",
+        "example.com/gpu-vm,!example.com/excluded",
+        "",
+    ],
+)
+def test_the_pod_labeller_decorates_the_pods_the_status_reads(selector: str) -> None:
+    """The labeller's targets are exactly the pods the pod selector picks, which the status's
+    Pods rule starts from (the chart renders the kubectl syntax the service parses): a pod the
+    status reads but the labeller never labels would never be counted. It relates nothing and
+    has no resync: only a pod's own change changes its labels."""
+    documents = render("selectors.pods=" + selector.replace(",", "\\,"))
+    spec = decorator(documents, "gpuclass-pod-resources")["spec"]
+    parsed = Settings(pod_selector=selector).pod_label_selector
+    target: dict[str, Any] = {"apiVersion": "v1", "resource": "pods"}
+    if parsed is not None:
+        target["labelSelector"] = msgspec.to_builtins(parsed)
+    assert spec["resources"] == [target]
+    assert set(spec["hooks"]) == {"sync"}
     assert "attachments" not in spec and "resyncPeriodSeconds" not in spec
 
 

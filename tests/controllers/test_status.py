@@ -216,10 +216,15 @@ def customize(settings: Settings) -> list[dict[str, Any]]:
     return msgspec.json.decode(encode(status.customize(request, settings)))["relatedResources"]
 
 
-def test_customize_asks_for_nodes_pods_and_all_gpuclasses() -> None:
+def test_customize_asks_for_nodes_the_pods_of_its_resource_and_all_gpuclasses() -> None:
+    labelled = {"key": "nvidia.com.requests.gpuclass.cozystack.io/NVIDIA_L40S-24Q"}
     assert customize(Settings()) == [
         {"apiVersion": "v1", "resource": "nodes"},
-        {"apiVersion": "v1", "resource": "pods"},
+        {
+            "apiVersion": "v1",
+            "resource": "pods",
+            "labelSelector": {"matchExpressions": [{**labelled, "operator": "Exists"}]},
+        },
         {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
     ]
 
@@ -231,7 +236,7 @@ def test_customize_applies_the_configured_selectors() -> None:
         )
     )
     assert rules[0]["labelSelector"] == {"matchLabels": {"nvidia.com/gpu.present": "true"}}
-    assert rules[1]["labelSelector"] == {"matchLabels": {"kubevirt.io": "virt-launcher"}}
+    assert rules[1]["labelSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher"}
 
 
 def test_customize_disabled_asks_for_no_nodes_or_pods() -> None:

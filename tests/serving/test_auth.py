@@ -47,7 +47,7 @@ API_SERVER_ROUTES = {"/admit/gpu-budget", "/admit/tenant-gpu-keys"}
 def test_only_the_admission_routes_go_without_the_token_and_only_over_https() -> None:
     assert {hook.path for hook in HOOKS if not hook.needs_token} == API_SERVER_ROUTES
     assert {hook.path for hook in HOOKS if hook.https_only} == API_SERVER_ROUTES
-    assert len(METACONTROLLER_HOOKS) == 10
+    assert len(METACONTROLLER_HOOKS) == 11
 
 
 @pytest.mark.parametrize("route", METACONTROLLER_HOOKS)
