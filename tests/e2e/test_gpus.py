@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hooks.rules.pod_resources import is_resource_label, resource_label
 from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY
 from tests.e2e.cluster import (
     GPU,
@@ -244,10 +245,19 @@ def test_the_class_counts_the_devices_the_gpu_node_advertises(cluster: Cluster, 
 def test_scheduled_pods_take_devices_pending_ones_none_terminating_ones_until_gone(
     cluster: Cluster, gpus: None
 ) -> None:
-    """Scenario 2: the scheduler's placements, as the rules count them."""
-    cluster.apply(gpu_pod("vm-a", 2, hold_seconds=HOLD_SECONDS), gpu_pod("vm-b", 1))
+    """Scenario 2: the scheduler's placements, as the rules count them. The class reads the pods
+    the pod labeller marked as naming its resource (docs/gpuclass.md, "Which pods a class
+    reads"): Metacontroller labels them, and removes a tenant's label naming another resource."""
+    claimed = gpu_pod("vm-b", 1)
+    claimed["metadata"]["labels"] = {**LAUNCHER, resource_label(VGPU) or "": "true"}
+    cluster.apply(gpu_pod("vm-a", 2, hold_seconds=HOLD_SECONDS), claimed)
     running(cluster, "vm-a", "vm-b")
     shows(cluster, CLASS, Shown(1, 1, "True", "Ready"))
+    for name in ("vm-a", "vm-b"):
+        wait_for(
+            f"{name} labelled with its resource alone",
+            lambda name=name: resource_labels_of(cluster, name) == {resource_label(GPU): "true"},
+        )
 
     created = time.time()
     cluster.apply(gpu_pod("vm-c", 2))  # more than the node has left
@@ -265,6 +275,12 @@ def test_scheduled_pods_take_devices_pending_ones_none_terminating_ones_until_go
     shows(cluster, CLASS, Shown(3, 3, "True", "Ready"))
     cluster.kubectl("delete", "pod", "-n", TENANT, "vm-b", "--wait=true")
     shows(cluster, CLASS, AT_REST)
+
+
+def resource_labels_of(cluster: Cluster, name: str) -> dict[str, str]:
+    pod = cluster.get("pod", "-n", TENANT, name) or {}
+    labels = pod.get("metadata", {}).get("labels", {})
+    return {k: v for k, v in labels.items() if is_resource_label(k)}
 
 
 def unschedulable(cluster: Cluster, name: str) -> bool:
