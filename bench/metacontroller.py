@@ -106,8 +106,8 @@ SHOW_SECONDS = 120  # a change not shown by then is counted as not shown
 # The churn's changes, taken in turn (--kinds).
 KINDS = ("create", "values", "flux-status", "pod")
 HOOK_ROUTES = {
-    # the status's cost is its controllers': the classes' syncs and the pod labels they select by
-    "status": ("/status/sync", "/pod-resources/sync"),
+    # the status's cost is its controllers': the classes' syncs and the labels they select by
+    "status": ("/status/sync", "/resource-labels/sync"),
     "license": ("/license/sync",),
     # the report's cost is its controllers': the pools' reports, the labels they select by and the
     # class index (before the pools, one report of the whole tenancy: `--at`)

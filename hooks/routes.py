@@ -20,7 +20,7 @@ from hooks.controllers import (
     budget,
     budget_report,
     license,
-    pod_resources,
+    resource_labels,
     status,
     tenant_namespaces,
 )
@@ -33,14 +33,15 @@ from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
     CustomizeRequest,
+    TargetPod,
     check_report_target,
     decode_class_index_sync,
     decode_composite_sync,
     decode_decorator_sync,
     decode_envelope,
     decode_namespace,
-    decode_pod_target_sync,
     decode_report_sync,
+    decode_resource_target_sync,
     decode_tenant_namespace_sync,
     encode,
 )
@@ -203,14 +204,16 @@ def tenant_namespace_sync(inputs: HookInputs, body: bytes) -> Answer:
     )
 
 
-def pod_resources_sync(inputs: HookInputs, body: bytes) -> Answer:
-    pod = decode_pod_target_sync(body)
-    outcome = pod_resources.sync(pod, inputs.settings)
-    where = f"{pod.metadata.namespace}/{pod.metadata.name}"
+def resource_labels_sync(inputs: HookInputs, body: bytes) -> Answer:
+    target = decode_resource_target_sync(body)
+    outcome = resource_labels.sync(target, inputs.settings)
+    metadata = target.metadata
+    where = f"{metadata.namespace}/{metadata.name}" if metadata.namespace else metadata.name
+    kind = "pod" if isinstance(target, TargetPod) else "node"
     return Answer(
         encode(outcome.response),
-        {"pod": where, "outcome": "ok", **outcome.counts},
-        about={"controller": "gpuclass-pod-resources", "pod": where},
+        {kind: where, "outcome": "ok", **outcome.counts},
+        about={"controller": "gpuclass-resource-labels", kind: where},
     )
 
 
@@ -312,7 +315,7 @@ HOOKS: tuple[Hook, ...] = (
         "/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, forkable=True
     ),
     Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, forkable=True),
-    Hook("/pod-resources/sync", "metacontroller", pod_resources_sync, forkable=True),
+    Hook("/resource-labels/sync", "metacontroller", resource_labels_sync, forkable=True),
     Hook("/budget-pools/customize", "metacontroller", report_customize, forkable=True),
     Hook("/budget-pools/sync", "metacontroller", report_sync, forkable=True),
     Hook("/budget-report/customize", "metacontroller", class_index_customize, forkable=True),

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from hooks.controllers import budget_report, license, pod_resources, status, tenant_namespaces
+from hooks.controllers import budget_report, license, resource_labels, status, tenant_namespaces
 from hooks.controllers.license import LicenseOutcome
 from hooks.controllers.status import StatusOutcome
 from hooks.rules.budget.releases import release_object
@@ -46,8 +46,8 @@ from hooks.wire.metacontroller import (
     decode_class_index_sync,
     decode_composite_sync,
     decode_decorator_sync,
-    decode_pod_target_sync,
     decode_report_sync,
+    decode_resource_target_sync,
     decode_tenant_namespace_sync,
 )
 from hooks.wire.names import namespaced_key
@@ -251,10 +251,10 @@ def kubevirt_view(inventory: Inventory, settings: Settings) -> KubeVirtView:
 
 
 def run_offline(inventory: Inventory, settings: Settings, now: datetime) -> list[OfflineClass]:
-    """Each class through both hooks, as Metacontroller would call them, once the pod labeller
-    has labelled the pods."""
+    """Each class through both hooks, as Metacontroller would call them, once the resource
+    labeller has labelled the pods and nodes."""
     view = kubevirt_view(inventory, settings)
-    inventory = pods_labelled(inventory, settings)
+    inventory = resources_labelled(inventory, settings)
     secrets = inventory.objects.get(("v1", "secrets"), [])
     plans = []
     classes = inventory.objects.get((GPUCLASS_API_VERSION, "gpuclasses"), [])
@@ -364,6 +364,7 @@ def explain(plan: OfflineClass) -> list[dict[str, Any]]:
 RELEASES = ("helm.toolkit.fluxcd.io/v2", "helmreleases")
 NAMESPACES_RESOURCE = ("v1", "namespaces")
 PODS_RESOURCE = ("v1", "pods")
+NODES_RESOURCE = ("v1", "nodes")
 
 
 def _tenant_namespaces(inventory: Inventory) -> list[str]:
@@ -409,21 +410,25 @@ def _with_labels(obj: dict[str, Any], answer: dict[str, str | None]) -> dict[str
     return {**obj, "metadata": {**obj["metadata"], "labels": labels}}
 
 
-def pods_labelled(inventory: Inventory, settings: Settings) -> Inventory:
-    """The inventory with the pods the pod selector picks labelled as the pod labeller's syncs
-    would label them; a pod the labeller could not read keeps its labels."""
-    selector = settings.pod_label_selector
-    pods = []
-    for pod in inventory.objects.get(PODS_RESOURCE, []):
-        if selector_matches(selector, pod["metadata"].get("labels") or {}):
-            try:
-                target = decode_pod_target_sync(_bytes({"object": pod}))
-            except BadRequest:
-                pods.append(pod)
-                continue
-            pod = _with_labels(pod, pod_resources.sync(target, settings).response.labels)
-        pods.append(pod)
-    objects = {**inventory.objects, PODS_RESOURCE: pods}
+def resources_labelled(inventory: Inventory, settings: Settings) -> Inventory:
+    """The inventory with the pods and nodes the selectors pick labelled as the resource
+    labeller's syncs would label them; an object the labeller could not read keeps its labels."""
+    objects = dict(inventory.objects)
+    for resource, selector in (
+        (PODS_RESOURCE, settings.pod_label_selector),
+        (NODES_RESOURCE, settings.node_label_selector),
+    ):
+        labelled = []
+        for obj in inventory.objects.get(resource, []):
+            if selector_matches(selector, obj["metadata"].get("labels") or {}):
+                try:
+                    target = decode_resource_target_sync(_bytes({"object": obj}))
+                except BadRequest:
+                    labelled.append(obj)
+                    continue
+                obj = _with_labels(obj, resource_labels.sync(target, settings).response.labels)
+            labelled.append(obj)
+        objects[resource] = labelled
     return Inventory(objects, inventory.kubevirt, inventory.unknown)
 
 

@@ -21,6 +21,7 @@ from hooks.wire.kube import (
     NameOnlyMeta,
     Namespace,
     Node,
+    NodeStatus,
     ObjectMeta,
     Pod,
     PodSpec,
@@ -468,23 +469,47 @@ def decode_tenant_namespace_sync(body: bytes) -> TenantNamespaceSync:
 
 
 class TargetPod(msgspec.Struct, kw_only=True, rename="camel", frozen=True):
-    """The pod labeller's target: the pod's resources (what the labels say) and its labels."""
+    """A resource labeller's target pod: its resources (what the labels say) and its labels."""
 
-    api_version: str = ""
-    kind: str = ""
     metadata: ObjectMeta = ObjectMeta()
     spec: PodSpec = PodSpec()
 
 
-class _PodTargetSync(msgspec.Struct):
+class TargetNode(msgspec.Struct, kw_only=True, rename="camel", frozen=True):
+    """A resource labeller's target node: what it lists (what the labels say) and its labels."""
+
+    metadata: ObjectMeta = ObjectMeta()
+    status: NodeStatus = NodeStatus()
+
+
+class _LabelledTargetSync(msgspec.Struct):
     object: msgspec.Raw = msgspec.Raw()
 
 
-_POD_TARGET_SYNC = msgspec.json.Decoder(_PodTargetSync)
-_POD_TARGET = msgspec.json.Decoder(TargetPod)
+_LABELLED_TARGET_SYNC = msgspec.json.Decoder(_LabelledTargetSync)
+_LABELLED_TARGETS: dict[str, msgspec.json.Decoder[Any]] = {
+    "Pod": msgspec.json.Decoder(TargetPod),
+    "Node": msgspec.json.Decoder(TargetNode),
+}
 
 
-def decode_pod_target_sync(body: bytes) -> TargetPod:
-    """The pod labeller's sync: a Pod target with a name, or BadRequest (it relates nothing)."""
-    request = decode_request(_POD_TARGET_SYNC, body, "request envelope")
-    return _named_object(request.object, "object", _POD_TARGET, "v1", "Pod")
+def decode_resource_target_sync(body: bytes) -> TargetPod | TargetNode:
+    """The resource labeller's sync: a Pod or a Node target with a name, or BadRequest (it
+    relates nothing)."""
+    request = decode_request(_LABELLED_TARGET_SYNC, body, "request envelope")
+    if is_absent(request.object):
+        raise BadRequest("request has no object")
+    try:
+        target = decoded(_TARGET, request.object)
+    except Undecodable as error:
+        raise BadRequest(f"object is not a valid object: {error}") from None
+    decoder = _LABELLED_TARGETS.get(target.kind) if target.api_version == "v1" else None
+    if decoder is None:
+        raise BadRequest("object is not a v1 Pod or Node")
+    if not target.metadata.name:
+        raise BadRequest("object has no metadata.name")
+    try:
+        found: TargetPod | TargetNode = decoded(decoder, request.object)
+    except Undecodable as error:
+        raise BadRequest(f"object is not a valid {target.kind}: {error}") from None
+    return found

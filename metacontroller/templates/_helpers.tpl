@@ -49,8 +49,8 @@ The service ignores the query parameter.
 
 {{/*
 A label selector in kubectl syntax (`a=b,c!=d,e in (x,y),f,!g`, as the service parses it) as the
-LabelSelector a controller's resource takes: the pod labeller's targets are the pods the status's
-rules read, whatever the pod selector says. The service refuses a selector it cannot parse.
+LabelSelector a controller's resource takes: the resource labeller's targets are the pods and nodes
+the status's rules read, whatever the selectors say. The service refuses a selector it cannot parse.
 */}}
 {{- define "gpuclass-hooks.labelSelector" -}}
 {{- $labels := dict -}}

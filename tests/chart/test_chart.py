@@ -145,7 +145,7 @@ def test_gpu_switch_follows_the_operator_variant_unless_set(
     assert [d["metadata"]["name"] for d in by_kind(documents, "DecoratorController")] == [
         "gpuclass-license",
         "gpuclass-tenant-namespaces",
-        "gpuclass-pod-resources",
+        "gpuclass-resource-labels",
         "gpuclass-budget-pools",
         "gpuclass-budget-report",
     ]
@@ -162,7 +162,7 @@ def test_hook_urls_point_at_routes_the_app_serves(default_render: list[dict[str,
         "gpuclass-license/sync",
         "gpuclass-tenant-namespaces/customize",
         "gpuclass-tenant-namespaces/sync",
-        "gpuclass-pod-resources/sync",
+        "gpuclass-resource-labels/sync",
         "gpuclass-budget-pools/customize",
         "gpuclass-budget-pools/sync",
         "gpuclass-budget-report/customize",
@@ -263,18 +263,22 @@ def test_the_tenant_namespace_labeller_decorates_every_namespace(
         "",
     ],
 )
-def test_the_pod_labeller_decorates_the_pods_the_status_reads(selector: str) -> None:
-    """The labeller's targets are exactly the pods the pod selector picks, which the status's
-    Pods rule starts from (the chart renders the kubectl syntax the service parses): a pod the
-    status reads but the labeller never labels would never be counted. It relates nothing and
-    has no resync: only a pod's own change changes its labels."""
-    documents = render("selectors.pods=" + selector.replace(",", "\\,"))
-    spec = decorator(documents, "gpuclass-pod-resources")["spec"]
+def test_the_resource_labeller_decorates_the_pods_and_nodes_the_status_reads(
+    selector: str,
+) -> None:
+    """The labeller's targets are exactly the pods and nodes the selectors pick, which the
+    status's rules start from (the chart renders the kubectl syntax the service parses): one the
+    status reads but the labeller never labels would never be counted. It relates nothing and has
+    no resync: only an object's own change changes its labels."""
+    escaped = selector.replace(",", "\\,")
+    documents = render(f"selectors.pods={escaped}", f"selectors.nodes={escaped}")
+    spec = decorator(documents, "gpuclass-resource-labels")["spec"]
     parsed = Settings(pod_selector=selector).pod_label_selector
-    target: dict[str, Any] = {"apiVersion": "v1", "resource": "pods"}
-    if parsed is not None:
-        target["labelSelector"] = msgspec.to_builtins(parsed)
-    assert spec["resources"] == [target]
+    selected = {} if parsed is None else {"labelSelector": msgspec.to_builtins(parsed)}
+    assert spec["resources"] == [
+        {"apiVersion": "v1", "resource": "pods", **selected},
+        {"apiVersion": "v1", "resource": "nodes", **selected},
+    ]
     assert set(spec["hooks"]) == {"sync"}
     assert "attachments" not in spec and "resyncPeriodSeconds" not in spec
 

@@ -216,15 +216,12 @@ def customize(settings: Settings) -> list[dict[str, Any]]:
     return msgspec.json.decode(encode(status.customize(request, settings)))["relatedResources"]
 
 
-def test_customize_asks_for_nodes_the_pods_of_its_resource_and_all_gpuclasses() -> None:
-    labelled = {"key": "nvidia.com.requests.gpuclass.cozystack.io/NVIDIA_L40S-24Q"}
+def test_customize_asks_for_the_nodes_and_pods_of_its_resource_and_all_gpuclasses() -> None:
+    labelled = {"key": "nvidia.com.resources.gpuclass.cozystack.io/NVIDIA_L40S-24Q"}
+    named = {"labelSelector": {"matchExpressions": [{**labelled, "operator": "Exists"}]}}
     assert customize(Settings()) == [
-        {"apiVersion": "v1", "resource": "nodes"},
-        {
-            "apiVersion": "v1",
-            "resource": "pods",
-            "labelSelector": {"matchExpressions": [{**labelled, "operator": "Exists"}]},
-        },
+        {"apiVersion": "v1", "resource": "nodes", **named},
+        {"apiVersion": "v1", "resource": "pods", **named},
         {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
     ]
 
@@ -235,7 +232,7 @@ def test_customize_applies_the_configured_selectors() -> None:
             node_selector="nvidia.com/gpu.present=true", pod_selector="kubevirt.io=virt-launcher"
         )
     )
-    assert rules[0]["labelSelector"] == {"matchLabels": {"nvidia.com/gpu.present": "true"}}
+    assert rules[0]["labelSelector"]["matchLabels"] == {"nvidia.com/gpu.present": "true"}
     assert rules[1]["labelSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher"}
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hooks.rules.pod_resources import is_resource_label, resource_label
+from hooks.rules.resource_labels import is_resource_label, resource_label
 from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY
 from tests.e2e.cluster import (
     GPU,
@@ -234,10 +234,18 @@ AT_REST = Shown(GPU_DEVICES, GPU_DEVICES, "True", "Ready")
 
 
 def test_the_class_counts_the_devices_the_gpu_node_advertises(cluster: Cluster, gpus: None) -> None:
-    """Scenario 1: what the kubelet reports of the device plugin's devices, the class shows."""
+    """Scenario 1: what the kubelet reports of the device plugin's devices, the class shows; the
+    node is labelled with the resources it lists, which is how the class reads it."""
     node = cluster.get("node", GPU_NODE)
     assert node["status"]["allocatable"][GPU] == str(GPU_DEVICES)
     assert node["status"]["capacity"][VGPU] == str(VGPU_DEVICES)
+    wait_for(
+        "the GPU node labelled with its devices",
+        lambda: (
+            node_resource_labels(cluster)
+            >= {resource_label(GPU): "true", resource_label(VGPU): "true"}.items()
+        ),
+    )
     shows(cluster, CLASS, AT_REST)
     assert status_condition(cluster, CLASS, "ResourceNotAdvertised") == ("False", "Advertised")
 
@@ -246,8 +254,9 @@ def test_scheduled_pods_take_devices_pending_ones_none_terminating_ones_until_go
     cluster: Cluster, gpus: None
 ) -> None:
     """Scenario 2: the scheduler's placements, as the rules count them. The class reads the pods
-    the pod labeller marked as naming its resource (docs/gpuclass.md, "Which pods a class
-    reads"): Metacontroller labels them, and removes a tenant's label naming another resource."""
+    the resource labeller marked as naming its resource (docs/gpuclass.md, "Which pods and nodes a
+    class reads"): Metacontroller labels them, and removes a tenant's label naming another
+    resource."""
     claimed = gpu_pod("vm-b", 1)
     claimed["metadata"]["labels"] = {**LAUNCHER, resource_label(VGPU) or "": "true"}
     cluster.apply(gpu_pod("vm-a", 2, hold_seconds=HOLD_SECONDS), claimed)
@@ -275,6 +284,11 @@ def test_scheduled_pods_take_devices_pending_ones_none_terminating_ones_until_go
     shows(cluster, CLASS, Shown(3, 3, "True", "Ready"))
     cluster.kubectl("delete", "pod", "-n", TENANT, "vm-b", "--wait=true")
     shows(cluster, CLASS, AT_REST)
+
+
+def node_resource_labels(cluster: Cluster) -> Any:
+    labels = (cluster.get("node", GPU_NODE) or {}).get("metadata", {}).get("labels", {})
+    return {k: v for k, v in labels.items() if is_resource_label(k)}.items()
 
 
 def resource_labels_of(cluster: Cluster, name: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
-"""The pod labeller and the status's Pods rule (docs/gpuclass.md, "Which pods a class reads"):
-each pod the pod selector picks is labelled with the extended resources it names, and a class
-reads the selected pods that carry its resource's label, so that its status is the one it would
-compute from every selected pod."""
+"""The resource labeller and the status's Pods and Nodes rules (docs/gpuclass.md, "Which pods
+and nodes a class reads"): each pod and node the selectors pick is labelled with the extended
+resources it names, and a class reads the selected ones that carry its resource's label, so that
+its status is the one it would compute from every selected pod and node."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hooks.cli import offline
 from hooks.controllers import status
-from hooks.rules.pod_resources import resource_label
+from hooks.rules.resource_labels import resource_label
 from hooks.serving.app import create_app
 from hooks.settings import Settings
 from hooks.wire.metacontroller import (
@@ -29,7 +29,7 @@ from hooks.wire.metacontroller import (
 from tests.builders import GPU, container, gpuclass, inventory_of, node, pod
 from tests.controllers.test_status import NOW, PERMITTED
 
-SYNC = "/pod-resources/sync"
+SYNC = "/resource-labels/sync"
 LAUNCHER = {"kubevirt.io": "virt-launcher"}
 H100 = "nvidia.com/GH100_H100_PCIE"
 
@@ -43,7 +43,7 @@ def labels_answered(client: FlaskClient, target: dict[str, Any]) -> dict[str, An
     body = {
         "controller": {
             "kind": "DecoratorController",
-            "metadata": {"name": "gpuclass-pod-resources"},
+            "metadata": {"name": "gpuclass-resource-labels"},
         },
         "object": target,
         "attachments": {},
@@ -65,8 +65,8 @@ def labelled(target: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_resource_label_keeps_both_halves_of_the_resource_name() -> None:
-    assert resource_label(GPU) == "nvidia.com.requests.gpuclass.cozystack.io/NVIDIA_L40S-24Q"
-    assert resource_label(H100) == "nvidia.com.requests.gpuclass.cozystack.io/GH100_H100_PCIE"
+    assert resource_label(GPU) == "nvidia.com.resources.gpuclass.cozystack.io/NVIDIA_L40S-24Q"
+    assert resource_label(H100) == "nvidia.com.resources.gpuclass.cozystack.io/GH100_H100_PCIE"
     assert resource_label("example.com/gpu") != resource_label("example.org/gpu")
     # what no class can name gets none
     assert [resource_label(r) for r in ("cpu", "hugepages-2Mi", "kubernetes.io/x")] == [None] * 3
@@ -87,10 +87,10 @@ def test_a_pod_is_labelled_for_every_extended_resource_it_names(client: FlaskCli
         overhead={H100: "1", "cpu": "100m"},
     )
     assert labels_answered(client, labelled(target, LAUNCHER)) == {
-        "devices.kubevirt.io.requests.gpuclass.cozystack.io/kvm": "true",
-        "example.com.requests.gpuclass.cozystack.io/fpga": "true",
-        "nvidia.com.requests.gpuclass.cozystack.io/GH100_H100_PCIE": "true",
-        "nvidia.com.requests.gpuclass.cozystack.io/NVIDIA_L40S-24Q": "true",
+        "devices.kubevirt.io.resources.gpuclass.cozystack.io/kvm": "true",
+        "example.com.resources.gpuclass.cozystack.io/fpga": "true",
+        "nvidia.com.resources.gpuclass.cozystack.io/GH100_H100_PCIE": "true",
+        "nvidia.com.resources.gpuclass.cozystack.io/NVIDIA_L40S-24Q": "true",
     }
 
 
@@ -123,54 +123,88 @@ def test_a_sync_of_anything_but_a_named_pod_is_a_400(client: FlaskClient, target
     assert set(response.get_json()) == {"error"}
 
 
-def pods_rule(resource: str | None, settings: Settings) -> dict[str, Any]:
+def labelled_rules(resource: str | None, settings: Settings) -> dict[str, Any]:
+    """The class's Pods and Nodes rules, by resource."""
     spec = {} if resource is None else {"resourceName": resource}
     request = decode_envelope(
         json.dumps({"parent": gpuclass("c", spec=spec)}).encode(), CustomizeRequest
     )
     rules = msgspec.json.decode(encode(status.customize(request, settings)))["relatedResources"]
-    [pods] = [r for r in rules if r["resource"] == "pods"]
-    return dict(pods)
+    return {r["resource"]: r for r in rules if r["resource"] in ("pods", "nodes")}
 
 
-def test_a_class_reads_the_selected_pods_that_carry_its_resource_label() -> None:
-    settings = Settings(pod_selector="kubevirt.io=virt-launcher,team notin (x)")
-    assert pods_rule(GPU, settings)["labelSelector"] == {
+def test_a_class_reads_the_selected_pods_and_nodes_that_carry_its_resource_label() -> None:
+    settings = Settings(
+        pod_selector="kubevirt.io=virt-launcher,team notin (x)",
+        node_selector="nvidia.com/gpu.present=true",
+    )
+    named = {"key": resource_label(GPU), "operator": "Exists"}
+    rules = labelled_rules(GPU, settings)
+    assert rules["pods"]["labelSelector"] == {
         "matchLabels": {"kubevirt.io": "virt-launcher"},
-        "matchExpressions": [
-            {"key": "team", "operator": "NotIn", "values": ["x"]},
-            {"key": resource_label(GPU), "operator": "Exists"},
-        ],
+        "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["x"]}, named],
     }
-    assert pods_rule(GPU, Settings(pod_selector=""))["labelSelector"] == {
-        "matchExpressions": [{"key": resource_label(GPU), "operator": "Exists"}]
+    assert rules["nodes"]["labelSelector"] == {
+        "matchLabels": {"nvidia.com/gpu.present": "true"},
+        "matchExpressions": [named],
     }
+    unselected = labelled_rules(GPU, Settings(pod_selector="", node_selector=""))
+    assert [r["labelSelector"] for r in unselected.values()] == [{"matchExpressions": [named]}] * 2
 
 
-def test_a_class_without_a_resource_label_reads_every_selected_pod() -> None:
+def test_a_class_without_a_resource_label_reads_every_selected_pod_and_node() -> None:
     """A domain too long for the key's prefix, or a spec that cannot be read."""
-    settings = Settings(pod_selector="kubevirt.io=virt-launcher")
+    settings = Settings(pod_selector="kubevirt.io=virt-launcher", node_selector="")
     long_domain = ".".join(["d" * 55] * 4) + ".example.com/gpu"  # 235 characters
     assert resource_label(long_domain) is None
     for resource in (long_domain, None, "not-a-resource"):
-        assert pods_rule(resource, settings)["labelSelector"] == {
-            "matchLabels": {"kubevirt.io": "virt-launcher"}
-        }
+        rules = labelled_rules(resource, settings)
+        assert rules["pods"]["labelSelector"] == {"matchLabels": {"kubevirt.io": "virt-launcher"}}
+        assert "labelSelector" not in rules["nodes"]
 
 
-# --- the invariant: labelled and narrowed, a class computes what it would from every pod -----
+def test_a_node_is_labelled_for_every_extended_resource_it_lists(client: FlaskClient) -> None:
+    """In capacity or in allocatable, whatever the count (a device plugin gone leaves 0)."""
+    target = node("gpu-1", gpus=0, capacity=4)
+    target["status"]["allocatable"][H100] = "2"
+    target["status"]["capacity"]["hugepages-1Gi"] = "4Gi"
+    target["metadata"]["labels"] = {resource_label("example.com/fpga") or "": "true", "zone": "a"}
+    assert labels_answered(client, target) == {
+        resource_label(GPU): "true",
+        resource_label(H100): "true",
+        resource_label("example.com/fpga"): None,
+    }
+
+
+# --- the invariant: labelled and narrowed, a class computes what it would from everything ---
 
 RESOURCES = (GPU, H100, "devices.kubevirt.io/kvm")
 QUANTITIES = st.sampled_from(["0", "1", "2", "1500m"])
+NODES = ("gpu-1", "gpu-2", "cpu-1")
+GPU_NODES = {"nvidia.com/gpu.present": "true"}
 
 
 @st.composite
-def pods_of_a_cluster(draw: st.DrawFn) -> list[dict[str, Any]]:
+def a_cluster(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Pods naming the resources anywhere the rules read them (or not at all), some selected,
+    some carrying a tenant's false label; nodes listing them in capacity, allocatable, both or
+    neither, some selected."""
+
     def resources() -> dict[str, str]:
         names = draw(st.lists(st.sampled_from(RESOURCES), max_size=2, unique=True))
         return {"cpu": "1", **{name: draw(QUANTITIES) for name in names}}
 
     made = []
+    for name in NODES:
+        made_node = node(name, gpus=None)
+        for resource in draw(st.lists(st.sampled_from(RESOURCES), max_size=2, unique=True)):
+            where = draw(
+                st.sampled_from([("capacity",), ("allocatable",), ("capacity", "allocatable")])
+            )
+            for field in where:
+                made_node["status"][field][resource] = draw(QUANTITIES)
+        selected = draw(st.sampled_from([True, True, False]))
+        made.append(labelled(made_node, GPU_NODES if selected else {}))
     for index in range(draw(st.integers(0, 6))):
         containers = [
             container(requests=resources(), limits=resources())
@@ -184,7 +218,7 @@ def pods_of_a_cluster(draw: st.DrawFn) -> list[dict[str, Any]]:
         ]
         target = pod(
             f"p{index}",
-            node_name=draw(st.sampled_from(["gpu-1", "gpu-2", "gpu-2", None])),
+            node_name=draw(st.sampled_from([*NODES, "gpu-2", None])),
             containers=containers,
             init_containers=inits or None,
             overhead=draw(st.sampled_from([None, {GPU: "1"}, {H100: "1"}])),
@@ -196,35 +230,36 @@ def pods_of_a_cluster(draw: st.DrawFn) -> list[dict[str, Any]]:
     return made
 
 
-def status_of(resource: str, pod_rule: RelatedRule, items: list[dict[str, Any]]) -> Any:
+def status_of(resource: str, rules: list[RelatedRule], items: list[dict[str, Any]]) -> Any:
     parent = gpuclass("c", resource=resource)
-    nodes = [node("gpu-1", resource=resource), node("gpu-2", resource=resource, gpus=8)]
-    inventory = inventory_of([parent, *nodes, *items])
-    rules = [RelatedRule(api_version="v1", resource="nodes"), pod_rule]
-    rules.append(RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses"))
+    inventory = inventory_of([parent, *items])
+    rules = [*rules, RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses")]
     request = {"parent": parent, "related": offline.select_related(rules, inventory)}
     outcome = status.sync(
-        decode_composite_sync(json.dumps(request).encode()),
-        Settings(),
-        lambda: PERMITTED,
-        NOW,
+        decode_composite_sync(json.dumps(request).encode()), Settings(), lambda: PERMITTED, NOW
     )
     return encode(outcome.response), sorted(o.name for o in outcome.invalid)
 
 
-@given(pods_of_a_cluster(), st.sampled_from([GPU, H100]))
-def test_a_classs_status_is_the_one_it_would_compute_from_every_selected_pod(
+@given(a_cluster(), st.sampled_from([GPU, H100]))
+def test_a_classs_status_is_the_one_it_would_compute_from_every_selected_pod_and_node(
     items: list[dict[str, Any]], resource: str
 ) -> None:
-    """Every pod the selector picks, labelled by the labeller, through the class's own Pods rule,
-    gives the status (and the objects it warns about) that every selected pod gives."""
-    settings = Settings(pod_selector="kubevirt.io=virt-launcher")
-    labelled_inventory = offline.pods_labelled(inventory_of(items), settings)
-    narrowed = msgspec.convert(
-        msgspec.to_builtins(status.pods_rule(resource, settings)), RelatedRule
+    """Every pod and node the selectors pick, labelled by the labeller, through the class's own
+    rules, gives the status (and the objects it warns about) that every selected one gives."""
+    settings = Settings(
+        pod_selector="kubevirt.io=virt-launcher", node_selector="nvidia.com/gpu.present=true"
     )
-    every = RelatedRule(
-        api_version="v1", resource="pods", label_selector=settings.pod_label_selector
-    )
-    pods_after = labelled_inventory.objects.get(("v1", "pods"), [])
-    assert status_of(resource, narrowed, pods_after) == status_of(resource, every, items)
+    after = offline.resources_labelled(inventory_of(items), settings).objects
+    narrowed = [
+        status.labelled_rule("nodes", settings.node_label_selector, resource),
+        status.labelled_rule("pods", settings.pod_label_selector, resource),
+    ]
+    every = [
+        RelatedRule(
+            api_version="v1", resource="nodes", label_selector=settings.node_label_selector
+        ),
+        RelatedRule(api_version="v1", resource="pods", label_selector=settings.pod_label_selector),
+    ]
+    labelled_items = [*after.get(("v1", "nodes"), []), *after.get(("v1", "pods"), [])]
+    assert status_of(resource, narrowed, labelled_items) == status_of(resource, every, items)
