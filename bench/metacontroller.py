@@ -26,7 +26,9 @@ stored cluster (the reports and statuses the previous run wrote are removed firs
 Go runtime's settings are compared in one run. `--churn-seconds` follows each settled run with a
 quiet minute and then the churn a hoster's cluster sees, `--rate` changes a second, in turn: a
 VMInstance created in a bounded pool, the devices of the last one changed (a values update), a
-status written on a release as Flux does, and a VM's pod bound to a GPU node or deleted. For the
+status written on a release as Flux does, a VM's pod bound to a GPU node or deleted, and a
+kubelet's status report on a node (the nodes in turn; at M each reports every five minutes,
+1.7 a second). For the
 quiet minute and the churn it reports the CPU of the hooks, Metacontroller and kube-apiserver per
 second, the bytes each hook received per second, and how long each change took to show: in its
 pool's `gpu-budget` report, or in the classes' `free`. The service runs with the settings the
@@ -104,7 +106,7 @@ IDLE_CORES = 0.25
 DRAIN_LIMIT_SECONDS = 1200
 SHOW_SECONDS = 120  # a change not shown by then is counted as not shown
 # The churn's changes, taken in turn (--kinds).
-KINDS = ("create", "values", "flux-status", "pod")
+KINDS = ("create", "values", "flux-status", "pod", "node-status")
 HOOK_ROUTES = {
     # the status's cost is its controllers': the classes' syncs and the labels they select by
     "status": ("/status/sync", "/resource-labels/sync"),
@@ -595,8 +597,8 @@ class Meters:
 class Churn:
     """A hoster's steady churn, one change every 1/rate seconds, in turn: a VMInstance created
     in a bounded pool, the devices of the last one changed, a Flux-like status write on a
-    release, a VM's pod bound to a GPU node or deleted. The first two and the last are timed
-    until they show (the pool's report, the classes' free)."""
+    release, a VM's pod bound to a GPU node or deleted, a kubelet's status report. The first two
+    and the pod are timed until they show (the pool's report, the classes' free)."""
 
     def __init__(
         self, plane: ControlPlane, size: str, rate: float, tag: str, kinds: Sequence[str] = KINDS
@@ -605,6 +607,7 @@ class Churn:
         self.top_level, _ = RELEASES[size]
         cluster = generate(size)
         self.room = room_for_one(cluster)
+        self.nodes = sorted(cluster.nodes)
         self.classes = list(cluster.classes)
         self.releases = sorted(report.tenancy(RELEASES[size][1], self.top_level))
         self.made: dict[str, int] = dict.fromkeys(self.kinds, 0)
@@ -677,6 +680,19 @@ class Churn:
         patch = {"status": {"lastHandledReconcileAt": f"churn-{count}", "observedGeneration": 3}}
         self.plane.request(
             "PATCH", path, patch, headers={"Content-Type": "application/merge-patch+json"}
+        ).raise_for_status()
+
+    def _node_status(self, count: int) -> None:
+        """A kubelet's status report: every node sends one at least every five minutes (its
+        conditions' heartbeat), whether anything changed or not; the nodes in turn."""
+        name = self.nodes[count // len(self.kinds) % len(self.nodes)]
+        beat = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {"status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": beat}]}}
+        self.plane.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            patch,
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
         ).raise_for_status()
 
     def _free(self) -> list[int]:
