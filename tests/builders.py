@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import yaml
@@ -18,6 +18,9 @@ from hooks.cli import offline
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.wire.admission import AdmissionRequest, decode_review
+
+if TYPE_CHECKING:
+    from flask.testing import FlaskClient
 
 GPU = "nvidia.com/NVIDIA_L40S-24Q"
 OTHER_GPU = "nvidia.com/GH100_H100_PCIE"
@@ -424,6 +427,18 @@ def conditions_in_order(*, licensed: bool) -> list[str]:
 
     of_the_license = {LICENSE_SECRET_MISSING, LICENSE_COPY_CONFLICT}
     return [kind for kind in ORDER if licensed or kind not in of_the_license]
+
+
+def labels_answered(client: FlaskClient, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The labels a labelling decorator's sync answers: exactly its envelope, which attaches
+    nothing and leaves the status alone (null removes a label)."""
+    response = client.post(route, json=body)
+    assert response.status_code == 200, response.get_data()
+    answer = response.get_json()
+    assert set(answer) == {"labels", "attachments", "status"}
+    assert (answer["attachments"], answer["status"]) == ([], None)
+    labels: dict[str, Any] = answer["labels"]
+    return labels
 
 
 def example_of(route: str) -> bytes:

@@ -26,7 +26,7 @@ from hooks.wire.metacontroller import (
     decode_envelope,
     encode,
 )
-from tests.builders import GPU, container, gpuclass, inventory_of, node, pod
+from tests.builders import GPU, container, gpuclass, inventory_of, labels_answered, node, pod
 from tests.controllers.test_status import NOW, PERMITTED
 
 SYNC = "/resource-labels/sync"
@@ -39,7 +39,7 @@ def client(settings: Settings) -> FlaskClient:
     return create_app(settings).test_client()
 
 
-def labels_answered(client: FlaskClient, target: dict[str, Any]) -> dict[str, Any]:
+def labels_of(client: FlaskClient, target: dict[str, Any]) -> dict[str, Any]:
     body = {
         "controller": {
             "kind": "DecoratorController",
@@ -50,13 +50,7 @@ def labels_answered(client: FlaskClient, target: dict[str, Any]) -> dict[str, An
         "related": {},
         "finalizing": False,
     }
-    response = client.post(SYNC, json=body)
-    assert response.status_code == 200, response.get_data()
-    answer = response.get_json()
-    assert set(answer) == {"labels", "attachments", "status"}
-    assert (answer["attachments"], answer["status"]) == ([], None)
-    labels: dict[str, Any] = answer["labels"]
-    return labels
+    return labels_answered(client, SYNC, body)
 
 
 def labelled(target: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
@@ -86,7 +80,7 @@ def test_a_pod_is_labelled_for_every_extended_resource_it_names(client: FlaskCli
         ],
         overhead={H100: "1", "cpu": "100m"},
     )
-    assert labels_answered(client, labelled(target, LAUNCHER)) == {
+    assert labels_of(client, labelled(target, LAUNCHER)) == {
         "devices.kubevirt.io.resources.gpuclass.cozystack.io/kvm": "true",
         "example.com.resources.gpuclass.cozystack.io/fpga": "true",
         "nvidia.com.resources.gpuclass.cozystack.io/GH100_H100_PCIE": "true",
@@ -98,14 +92,14 @@ def test_a_resource_label_the_pod_does_not_ask_for_is_removed(client: FlaskClien
     """A tenant's VM labels are copied onto its pod: a label naming another resource goes, and
     labels of any other form stay as they are (the answer does not name them)."""
     claimed = {**LAUNCHER, resource_label(H100) or "": "true", "team": "a"}
-    answer = labels_answered(client, labelled(pod("vm", gpus=1), claimed))
+    answer = labels_of(client, labelled(pod("vm", gpus=1), claimed))
     assert answer == {resource_label(GPU): "true", resource_label(H100): None}
 
 
 def test_with_gpu_features_off_every_resource_label_is_removed() -> None:
     client = create_app(Settings(enabled=False)).test_client()
     target = labelled(pod("vm", gpus=1), {**LAUNCHER, resource_label(GPU) or "": "true"})
-    assert labels_answered(client, target) == {resource_label(GPU): None}
+    assert labels_of(client, target) == {resource_label(GPU): None}
 
 
 @pytest.mark.parametrize(
@@ -169,7 +163,7 @@ def test_a_node_is_labelled_for_every_extended_resource_it_lists(client: FlaskCl
     target["status"]["allocatable"][H100] = "2"
     target["status"]["capacity"]["hugepages-1Gi"] = "4Gi"
     target["metadata"]["labels"] = {resource_label("example.com/fpga") or "": "true", "zone": "a"}
-    assert labels_answered(client, target) == {
+    assert labels_of(client, target) == {
         resource_label(GPU): "true",
         resource_label(H100): "true",
         resource_label("example.com/fpga"): None,

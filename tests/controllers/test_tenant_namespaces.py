@@ -18,7 +18,7 @@ from hooks.cli import offline
 from hooks.controllers import tenant_namespaces
 from hooks.serving.app import create_app
 from hooks.settings import Settings
-from tests.builders import example_of, helmrelease, inventory_of, tenancy_items
+from tests.builders import example_of, helmrelease, inventory_of, labels_answered, tenancy_items
 from tests.profiles import examples
 
 SYNC = "/tenant-namespaces/sync"
@@ -48,13 +48,7 @@ def labels_of(client: FlaskClient, items: list[dict[str, Any]], name: str) -> di
     inventory = inventory_of(items)
     rules = tenant_namespaces.customize(name).related_resources
     body = {"object": namespace(name), "related": offline.select_related(rules, inventory)}
-    response = client.post(SYNC, json=body)
-    assert response.status_code == 200, response.get_data()
-    answer = response.get_json()
-    assert set(answer) == {"labels", "attachments", "status"}
-    assert (answer["attachments"], answer["status"]) == ([], None)
-    labels: dict[str, Any] = answer["labels"]
-    return labels
+    return labels_answered(client, SYNC, body)
 
 
 def test_a_tenant_namespace_names_its_top_level_namespace_and_drops_deeper_pool_labels(
