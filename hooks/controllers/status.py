@@ -31,7 +31,7 @@ from hooks.rules.conditions import invalid_spec_condition
 from hooks.rules.invalid import InvalidObject
 from hooks.rules.license import copy_name
 from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView
-from hooks.rules.resource_labels import resource_label
+from hooks.rules.resource_labels import LABELLED, resource_label
 from hooks.settings import Settings
 from hooks.wire.gpuclass import ClassSpec, InvalidSpecError, parse_spec, parse_status
 from hooks.wire.kube import Condition, GPUClass
@@ -87,27 +87,40 @@ class StatusOutcome:
         return self.computation.class_name
 
 
-def labelled_rule(
+def labelled_rules(
     resource_kind: str, selector: LabelSelector | None, resource: str | None
-) -> RelatedRule:
-    """The pods or nodes whose changes reach this class: those the configured selector picks that
-    the resource labeller marked as naming the class's resource (`hooks.controllers.
-    resource_labels`). Without a label for the resource (an invalid spec, a domain too long for a
-    label key) the configured selector alone."""
+) -> list[RelatedRule]:
+    """The pods or nodes whose changes reach this class: of those the configured selector picks,
+    the ones the resource labeller marked as naming the class's resource, and the ones it has not
+    read yet (`hooks.rules.resource_labels`; Metacontroller sends what either rule selects, once).
+    Without a label for the resource (an invalid spec, a domain too long for a label key) the
+    configured selector alone."""
     label = resource_label(resource) if resource is not None else None
-    if label is not None:
-        named = Requirement(key=label, operator="Exists")
-        selector = LabelSelector(
-            match_labels=selector.match_labels if selector else None,
-            match_expressions=[*(selector.match_expressions or [] if selector else []), named],
+    if label is None:
+        return [RelatedRule(api_version="v1", resource=resource_kind, label_selector=selector)]
+    return [
+        RelatedRule(
+            api_version="v1",
+            resource=resource_kind,
+            label_selector=LabelSelector(
+                match_labels=selector.match_labels if selector else None,
+                match_expressions=[
+                    *(selector.match_expressions or [] if selector else []),
+                    requirement,
+                ],
+            ),
         )
-    return RelatedRule(api_version="v1", resource=resource_kind, label_selector=selector)
+        for requirement in (
+            Requirement(key=label, operator="Exists"),
+            Requirement(key=LABELLED, operator="DoesNotExist"),
+        )
+    ]
 
 
 def customize(request: CustomizeRequest, settings: Settings) -> CustomizeResponse:
-    """The Nodes and Pods the configured selectors pick that name the class's resource, every
-    GPUClass, and for a licensed class the license hook's own rules. With GPU features off, only
-    the classes: the sync then only clears the status."""
+    """The Nodes and Pods the configured selectors pick that name the class's resource or are
+    not labelled yet, every GPUClass, and for a licensed class the license hook's own rules.
+    With GPU features off, only the classes: the sync then only clears the status."""
     parent = decode_gpuclass(request.parent, "parent")
     resource = class_identity(parent).resource_name
     rules = [RelatedRule(api_version="cozystack.io/v1alpha1", resource="gpuclasses")]
@@ -116,8 +129,8 @@ def customize(request: CustomizeRequest, settings: Settings) -> CustomizeRespons
         if license is not None:
             rules.extend(license_rules(parent, license, settings))
         rules = [
-            labelled_rule("nodes", settings.node_label_selector, resource),
-            labelled_rule("pods", settings.pod_label_selector, resource),
+            *labelled_rules("nodes", settings.node_label_selector, resource),
+            *labelled_rules("pods", settings.pod_label_selector, resource),
             *rules,
         ]
     return CustomizeResponse(related_resources=rules)

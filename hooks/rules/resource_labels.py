@@ -11,6 +11,12 @@ A resource `<domain>/<name>` becomes the label `<domain>.resources.gpuclass.cozy
 both halves of an extended resource name are valid halves of a label key, so the key is readable
 and no two resources share one. A resource whose domain is too long for the key gets no label;
 its class then relates pods and nodes by the chart's selectors alone, as before.
+
+Every object the labeller has read also carries `gpuclass.cozystack.io/resources-labelled`, and
+a class relates besides the selected objects without it: a pod made a moment ago, or every pod
+and node before the labeller first runs (an upgrade, a Metacontroller that may not update them),
+reaches every class at once, as every one did before the labels, and only the classes of its
+resources once it is read.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from hooks.wire.gpuclass import check_resource_name
 from hooks.wire.kube import NodeStatus, PodSpec
 
 LABEL_PREFIX_SUFFIX = ".resources.gpuclass.cozystack.io"
+LABELLED = "gpuclass.cozystack.io/resources-labelled"
 NAMED = "true"
 _MAX_PREFIX = 253
 
@@ -66,11 +73,15 @@ def resource_labels(
     """The labeller's answer for an object: a label for each extended resource it names, whatever
     the quantity says, so that a class reads exactly the objects its rules would count (and still
     warns about a malformed quantity); and the removal of any other label of this kind the object
-    carries (one a tenant set on its VM, which KubeVirt copies to the pod). With GPU features off,
-    every one is removed."""
+    carries (one a tenant set on its VM, which KubeVirt copies to the pod); and the mark that the
+    object was read. With GPU features off, every one is removed, the mark too."""
     wanted = {resource_label(r) for r in named} if enabled else set()
     labels: dict[str, str | None] = {key: NAMED for key in sorted(k for k in wanted if k)}
     for key in sorted(current):
         if is_resource_label(key) and key not in labels:
             labels[key] = None
+    if enabled:
+        labels[LABELLED] = NAMED
+    elif LABELLED in current:
+        labels[LABELLED] = None
     return labels

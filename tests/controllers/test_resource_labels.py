@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hooks.cli import offline
 from hooks.controllers import status
-from hooks.rules.resource_labels import resource_label
+from hooks.rules.resource_labels import LABELLED, resource_label
 from hooks.serving.app import create_app
 from hooks.settings import Settings
 from hooks.wire.metacontroller import (
@@ -81,6 +81,7 @@ def test_a_pod_is_labelled_for_every_extended_resource_it_names(client: FlaskCli
         overhead={H100: "1", "cpu": "100m"},
     )
     assert labels_of(client, labelled(target, LAUNCHER)) == {
+        LABELLED: "true",
         "devices.kubevirt.io.resources.gpuclass.cozystack.io/kvm": "true",
         "example.com.resources.gpuclass.cozystack.io/fpga": "true",
         "nvidia.com.resources.gpuclass.cozystack.io/GH100_H100_PCIE": "true",
@@ -93,13 +94,15 @@ def test_a_resource_label_the_pod_does_not_ask_for_is_removed(client: FlaskClien
     labels of any other form stay as they are (the answer does not name them)."""
     claimed = {**LAUNCHER, resource_label(H100) or "": "true", "team": "a"}
     answer = labels_of(client, labelled(pod("vm", gpus=1), claimed))
-    assert answer == {resource_label(GPU): "true", resource_label(H100): None}
+    assert answer == {resource_label(GPU): "true", resource_label(H100): None, LABELLED: "true"}
 
 
 def test_with_gpu_features_off_every_resource_label_is_removed() -> None:
     client = create_app(Settings(enabled=False)).test_client()
     target = labelled(pod("vm", gpus=1), {**LAUNCHER, resource_label(GPU) or "": "true"})
     assert labels_of(client, target) == {resource_label(GPU): None}
+    target["metadata"]["labels"][LABELLED] = "true"
+    assert labels_of(client, target) == {resource_label(GPU): None, LABELLED: None}
 
 
 @pytest.mark.parametrize(
@@ -117,33 +120,40 @@ def test_a_sync_of_anything_but_a_named_pod_is_a_400(client: FlaskClient, target
     assert set(response.get_json()) == {"error"}
 
 
-def labelled_rules(resource: str | None, settings: Settings) -> dict[str, Any]:
-    """The class's Pods and Nodes rules, by resource."""
+def labelled_rules(resource: str | None, settings: Settings) -> dict[str, list[Any]]:
+    """The class's Pods and Nodes rules' label selectors, by resource."""
     spec = {} if resource is None else {"resourceName": resource}
     request = decode_envelope(
         json.dumps({"parent": gpuclass("c", spec=spec)}).encode(), CustomizeRequest
     )
     rules = msgspec.json.decode(encode(status.customize(request, settings)))["relatedResources"]
-    return {r["resource"]: r for r in rules if r["resource"] in ("pods", "nodes")}
+    selectors: dict[str, list[Any]] = {"pods": [], "nodes": []}
+    for rule in rules:
+        if rule["resource"] in selectors:
+            selectors[rule["resource"]].append(rule.get("labelSelector"))
+    return selectors
 
 
-def test_a_class_reads_the_selected_pods_and_nodes_that_carry_its_resource_label() -> None:
+def test_a_class_reads_the_selected_pods_and_nodes_of_its_resource_or_not_labelled_yet() -> None:
     settings = Settings(
         pod_selector="kubevirt.io=virt-launcher,team notin (x)",
         node_selector="nvidia.com/gpu.present=true",
     )
     named = {"key": resource_label(GPU), "operator": "Exists"}
+    unread = {"key": LABELLED, "operator": "DoesNotExist"}
+    team = {"key": "team", "operator": "NotIn", "values": ["x"]}
     rules = labelled_rules(GPU, settings)
-    assert rules["pods"]["labelSelector"] == {
-        "matchLabels": {"kubevirt.io": "virt-launcher"},
-        "matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["x"]}, named],
-    }
-    assert rules["nodes"]["labelSelector"] == {
-        "matchLabels": {"nvidia.com/gpu.present": "true"},
-        "matchExpressions": [named],
-    }
+    assert rules["pods"] == [
+        {"matchLabels": {"kubevirt.io": "virt-launcher"}, "matchExpressions": [team, named]},
+        {"matchLabels": {"kubevirt.io": "virt-launcher"}, "matchExpressions": [team, unread]},
+    ]
+    assert rules["nodes"] == [
+        {"matchLabels": {"nvidia.com/gpu.present": "true"}, "matchExpressions": [named]},
+        {"matchLabels": {"nvidia.com/gpu.present": "true"}, "matchExpressions": [unread]},
+    ]
     unselected = labelled_rules(GPU, Settings(pod_selector="", node_selector=""))
-    assert [r["labelSelector"] for r in unselected.values()] == [{"matchExpressions": [named]}] * 2
+    both = [{"matchExpressions": [named]}, {"matchExpressions": [unread]}]
+    assert unselected == {"pods": both, "nodes": both}
 
 
 def test_a_class_without_a_resource_label_reads_every_selected_pod_and_node() -> None:
@@ -153,8 +163,10 @@ def test_a_class_without_a_resource_label_reads_every_selected_pod_and_node() ->
     assert resource_label(long_domain) is None
     for resource in (long_domain, None, "not-a-resource"):
         rules = labelled_rules(resource, settings)
-        assert rules["pods"]["labelSelector"] == {"matchLabels": {"kubevirt.io": "virt-launcher"}}
-        assert "labelSelector" not in rules["nodes"]
+        assert rules == {
+            "pods": [{"matchLabels": {"kubevirt.io": "virt-launcher"}}],
+            "nodes": [None],
+        }
 
 
 def test_a_node_is_labelled_for_every_extended_resource_it_lists(client: FlaskClient) -> None:
@@ -167,6 +179,7 @@ def test_a_node_is_labelled_for_every_extended_resource_it_lists(client: FlaskCl
         resource_label(GPU): "true",
         resource_label(H100): "true",
         resource_label("example.com/fpga"): None,
+        LABELLED: "true",
     }
 
 
@@ -235,19 +248,22 @@ def status_of(resource: str, rules: list[RelatedRule], items: list[dict[str, Any
     return encode(outcome.response), sorted(o.name for o in outcome.invalid)
 
 
-@given(a_cluster(), st.sampled_from([GPU, H100]))
+@given(a_cluster(), st.sampled_from([GPU, H100]), st.booleans())
 def test_a_classs_status_is_the_one_it_would_compute_from_every_selected_pod_and_node(
-    items: list[dict[str, Any]], resource: str
+    items: list[dict[str, Any]], resource: str, labeller_ran: bool
 ) -> None:
-    """Every pod and node the selectors pick, labelled by the labeller, through the class's own
-    rules, gives the status (and the objects it warns about) that every selected one gives."""
+    """Every pod and node the selectors pick, through the class's own rules, gives the status
+    (and the objects it warns about) that every selected one gives: once the labeller has
+    labelled them, and before it has read any (an upgrade, a Metacontroller that may not label)."""
     settings = Settings(
         pod_selector="kubevirt.io=virt-launcher", node_selector="nvidia.com/gpu.present=true"
     )
-    after = offline.resources_labelled(inventory_of(items), settings).objects
+    inventory = inventory_of(items)
+    if labeller_ran:
+        inventory = offline.resources_labelled(inventory, settings)
     narrowed = [
-        status.labelled_rule("nodes", settings.node_label_selector, resource),
-        status.labelled_rule("pods", settings.pod_label_selector, resource),
+        *status.labelled_rules("nodes", settings.node_label_selector, resource),
+        *status.labelled_rules("pods", settings.pod_label_selector, resource),
     ]
     every = [
         RelatedRule(
@@ -255,5 +271,21 @@ def test_a_classs_status_is_the_one_it_would_compute_from_every_selected_pod_and
         ),
         RelatedRule(api_version="v1", resource="pods", label_selector=settings.pod_label_selector),
     ]
-    labelled_items = [*after.get(("v1", "nodes"), []), *after.get(("v1", "pods"), [])]
-    assert status_of(resource, narrowed, labelled_items) == status_of(resource, every, items)
+    seen = [*inventory.objects.get(("v1", "nodes"), []), *inventory.objects.get(("v1", "pods"), [])]
+    assert status_of(resource, narrowed, seen) == status_of(resource, every, items)
+
+
+def test_an_object_the_labeller_read_reaches_only_the_classes_it_names() -> None:
+    """What the labels are for: a labelled pod or node of one resource is not related to the
+    class of another; one not read yet is related to every class."""
+    settings = Settings()
+    made = [labelled(node("gpu-1", resource=GPU), {}), labelled(pod("vm", gpus=1), LAUNCHER)]
+    read = offline.resources_labelled(inventory_of(made), settings)
+    for inventory, reaches_h100 in ((inventory_of(made), True), (read, False)):
+        for resource, reached in ((GPU, True), (H100, reaches_h100)):
+            rules = [
+                *status.labelled_rules("nodes", settings.node_label_selector, resource),
+                *status.labelled_rules("pods", settings.pod_label_selector, resource),
+            ]
+            related = offline.select_related(rules, inventory)
+            assert bool(related["Node.v1"]) is reached and bool(related["Pod.v1"]) is reached

@@ -219,9 +219,13 @@ def customize(settings: Settings) -> list[dict[str, Any]]:
 def test_customize_asks_for_the_nodes_and_pods_of_its_resource_and_all_gpuclasses() -> None:
     labelled = {"key": "nvidia.com.resources.gpuclass.cozystack.io/NVIDIA_L40S-24Q"}
     named = {"labelSelector": {"matchExpressions": [{**labelled, "operator": "Exists"}]}}
+    unread = {"key": "gpuclass.cozystack.io/resources-labelled", "operator": "DoesNotExist"}
+    not_yet = {"labelSelector": {"matchExpressions": [unread]}}
     assert customize(Settings()) == [
         {"apiVersion": "v1", "resource": "nodes", **named},
+        {"apiVersion": "v1", "resource": "nodes", **not_yet},
         {"apiVersion": "v1", "resource": "pods", **named},
+        {"apiVersion": "v1", "resource": "pods", **not_yet},
         {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
     ]
 
@@ -233,7 +237,7 @@ def test_customize_applies_the_configured_selectors() -> None:
         )
     )
     assert rules[0]["labelSelector"]["matchLabels"] == {"nvidia.com/gpu.present": "true"}
-    assert rules[1]["labelSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher"}
+    assert rules[2]["labelSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher"}
 
 
 def test_customize_disabled_asks_for_no_nodes_or_pods() -> None:
@@ -349,6 +353,8 @@ def test_status_customize_adds_the_license_rules_for_licensed_classes() -> None:
     rules = msgspec.json.decode(encode(status.customize(request, Settings())))["relatedResources"]
     assert [r["resource"] for r in rules] == [
         "nodes",
+        "nodes",
+        "pods",
         "pods",
         "gpuclasses",
         "secrets",
