@@ -45,6 +45,7 @@ from hooks.wire.metacontroller import (
     decode_tenant_namespace_sync,
     encode,
 )
+from hooks.wire.names import namespaced_key
 from hooks.wire.problems import BadRequest
 
 
@@ -208,7 +209,9 @@ def resource_labels_sync(inputs: HookInputs, body: bytes) -> Answer:
     target = decode_resource_target_sync(body)
     outcome = resource_labels.sync(target, inputs.settings)
     metadata = target.metadata
-    where = f"{metadata.namespace}/{metadata.name}" if metadata.namespace else metadata.name
+    where = (
+        namespaced_key(metadata.namespace, metadata.name) if metadata.namespace else metadata.name
+    )
     kind = "pod" if isinstance(target, TargetPod) else "node"
     return Answer(
         encode(outcome.response),
