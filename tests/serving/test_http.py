@@ -54,8 +54,11 @@ def test_status_customize_example(client: FlaskClient) -> None:
     assert response.status_code == 200
     assert response.mimetype == "application/json"
     assert_strict_customize(response.json)
+    # nodes and pods twice: those of the class's resource, those the labeller has not read yet
     assert [r["resource"] for r in response.json["relatedResources"]] == [
         "nodes",
+        "nodes",
+        "pods",
         "pods",
         "gpuclasses",
     ]

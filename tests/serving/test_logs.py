@@ -192,7 +192,13 @@ def test_configure_logs_at_info_by_default(pristine_logger: None) -> None:
 
 
 EXAMPLE_LINES = {
-    "/status/customize": {"outcome": "ok", "rules": 3},
+    "/status/customize": {"outcome": "ok", "rules": 5},
+    "/resource-labels/sync": {
+        "pod": "tenant-acme/virt-launcher-vm-gpu-x7k2p",
+        "outcome": "ok",
+        "resources": 3,  # its GPU, KubeVirt's kvm device, and the mark that it was read
+        "removed": 0,
+    },
     "/status/sync": {
         "class": "l40s-24q",
         "outcome": "kubevirt_unreadable",
