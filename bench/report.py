@@ -6,8 +6,9 @@
 The tenancy: 100 top-level tenants under tenant-root, each bounded on the total and two class
 keys, with nine sub-tenants each (every other one bounded too); `apps` apps in every tenant
 namespace (VMs with 0 to 2 devices, worker pools of 1 to 3 replicas, VMs without devices). Each
-release is shaped as Flux stores a Cozystack app (labels, chart spec, values, status with its
-conditions and history), so each request is the size Metacontroller would send. Each tenant
+release is shaped as Cozystack's API writes an app and Flux stores it (labels, chartRef,
+valuesFrom, values, status with its conditions and history), so each request is the size
+Metacontroller would send. Each tenant
 namespace's request holds what its rules select once the namespaces are labelled (a top-level
 tenant's reports every pool of its subtree). It prints the requests' sizes, the syncs in process
 (decode, rules, encode; every target's, and the largest target's alone; medians of three), and
@@ -30,6 +31,7 @@ from hooks.cli import offline
 from hooks.controllers import budget_report
 from hooks.settings import Settings
 from hooks.wire.metacontroller import decode_report_sync, encode
+from tests import cozystack
 from tests.builders import helmrelease
 
 MB = 1024 * 1024
@@ -44,9 +46,10 @@ CLASSES = {
 
 
 def release(kind: str, namespace: str, name: str, values: dict[str, Any], n: int) -> dict[str, Any]:
-    """The tests' HelmRelease (tests.builders), with what Flux adds to a stored one."""
+    """The tests' HelmRelease (as Cozystack's API writes it, `tests.cozystack`), with what the API
+    server and Flux add to a stored one."""
     body = helmrelease(kind, namespace, name, values)
-    prefix = body["spec"]["chart"]["spec"]["chart"]
+    prefix = cozystack.release_prefix(kind).rstrip("-")
     metadata = body["metadata"]
     metadata.update(
         uid=f"{n:08x}-7b3c-4d2e-9f10-1a2b3c4d5e6f",
@@ -55,23 +58,6 @@ def release(kind: str, namespace: str, name: str, values: dict[str, Any], n: int
         creationTimestamp="2026-06-01T10:00:00Z",
         finalizers=["finalizers.fluxcd.io"],
         annotations={"reconcile.fluxcd.io/requestedAt": "2026-11-30T08:00:00Z"},
-    )
-    metadata["labels"].update(
-        {
-            "apps.cozystack.io/application.group": "apps.cozystack.io",
-            "internal.cozystack.io/tenantmodule": "true",
-            "sharding.fluxcd.io/key": "tenants",
-        }
-    )
-    body["spec"]["chart"]["spec"].update(
-        reconcileStrategy="Revision",
-        sourceRef={"kind": "HelmRepository", "name": "cozystack-apps", "namespace": "cozy-public"},
-        version=">= 0.0.0-0",
-    )
-    body["spec"].update(
-        interval="5m",
-        install={"remediation": {"retries": -1}},
-        upgrade={"remediation": {"retries": -1}},
     )
     return {
         **body,
@@ -207,7 +193,11 @@ def pool_bodies(apps_per_tenant: int) -> dict[str, bytes]:
 
 
 def in_process(body: bytes) -> bytes:
-    return encode(budget_report.sync(decode_report_sync(body)).response)
+    settings = Settings()
+    outcome = budget_report.sync(
+        decode_report_sync(body), settings.platform_values_secret, settings.budget_classes_namespace
+    )
+    return encode(outcome.response)
 
 
 def main(argv: list[str] | None = None) -> int:

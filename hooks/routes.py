@@ -76,7 +76,21 @@ class BudgetUsageObserved:
     pools: tuple[PoolUse, ...]
 
 
-Observation = ClassComputation | LicenseCopiesObserved | BudgetReviewObserved | BudgetUsageObserved
+@dataclass(frozen=True)
+class InstanceTypesObserved:
+    """The class index's sync as the metrics see it: the instance types that attach GPUs but
+    that the webhook's match conditions do not name."""
+
+    unnamed: tuple[str, ...]
+
+
+Observation = (
+    ClassComputation
+    | LicenseCopiesObserved
+    | BudgetReviewObserved
+    | BudgetUsageObserved
+    | InstanceTypesObserved
+)
 
 
 @dataclass(frozen=True)
@@ -196,7 +210,7 @@ def tenant_namespace_customize(inputs: HookInputs, body: bytes) -> Answer:
 
 def tenant_namespace_sync(inputs: HookInputs, body: bytes) -> Answer:
     request = decode_tenant_namespace_sync(body)
-    outcome = tenant_namespaces.sync(request)
+    outcome = tenant_namespaces.sync(request, inputs.settings.platform_values_secret)
     return Answer(
         encode(outcome.response),
         {"namespace": request.namespace, "outcome": outcome.outcome, **outcome.counts},
@@ -230,7 +244,10 @@ def report_sync(inputs: HookInputs, body: bytes) -> Answer:
     """A report target's reports: its log line counts what it found, and its metrics are the
     pools' figures (none recorded when the sync could not tell)."""
     request = decode_report_sync(body)
-    outcome = budget_report.sync(request)
+    settings = inputs.settings
+    outcome = budget_report.sync(
+        request, settings.platform_values_secret, settings.budget_classes_namespace
+    )
     namespace = request.target.metadata.name
     observed = (
         BudgetUsageObserved(outcome.reported, outcome.pools) if outcome.pools is not None else None
@@ -252,19 +269,36 @@ def class_index_customize(inputs: HookInputs, body: bytes) -> Answer:
 
 
 def class_index_sync(inputs: HookInputs, body: bytes) -> Answer:
-    """The class index the pools' reports read, attached to the release's ClusterRole."""
+    """The class index the pools' reports read, attached to the release's ClusterRole; its
+    metrics name the instance types that attach GPUs unknown to the webhook's match
+    conditions."""
     request = decode_class_index_sync(body)
-    answer = budget_report.index_sync(request, inputs.settings.budget_classes_namespace)
-    classes = request.classes
+    settings = inputs.settings
+    outcome = budget_report.index_sync(request, settings.budget_classes_namespace)
+    classes, index = request.classes, outcome.index
+    unnamed = (
+        budget_report.unnamed_gpu_instance_types(index, settings.gpu_instance_types)
+        if index is not None
+        else None
+    )
+    facts: dict[str, object] = {
+        "outcome": "ok" if index is not None else "stale_related",
+        "classes": len(classes.objects) if classes else 0,
+        "gpu_instance_types": len(index.instance_types) if index is not None else 0,
+    }
+    if unnamed:
+        facts["unnamed_gpu_instance_types"] = ",".join(unnamed)
     return Answer(
-        encode(answer),
-        {
-            "outcome": "ok" if classes is not None else "stale_related",
-            "classes": len(classes.objects) if classes else 0,
-        },
+        encode(outcome.response),
+        facts,
         skipped=[
-            f"GPUClass {name}: does not decode" for name in (classes.invalid if classes else [])
+            *(f"GPUClass {name}: does not decode" for name in (classes.invalid if classes else [])),
+            *(
+                f"VirtualMachineClusterInstancetype {name}: {problem}"
+                for name, problem in (index.undecodable_instance_types.items() if index else ())
+            ),
         ],
+        observation=InstanceTypesObserved(unnamed) if unnamed is not None else None,
     )
 
 

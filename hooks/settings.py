@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from hooks.rules.selectors import SelectorError, parse_selector
 from hooks.wire.metacontroller import LabelSelector
-from hooks.wire.names import DNS_LABEL_PATTERN, is_dns_label
+from hooks.wire.names import DNS_LABEL_PATTERN, is_dns_label, is_dns_subdomain
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 ENV_PREFIX = "GPUCLASS_"
@@ -203,6 +203,23 @@ class Settings(BaseSettings):
         ge=1,
         le=30,
     )
+    platform_values_secret: str = setting(
+        "cozystack-values",
+        "the platform's own values Secret, which Cozystack's API names in every HelmRelease's "
+        "`valuesFrom` and which sets nothing a GPU budget reads (`_`-prefixed keys only): a "
+        "reference to it at the top, or at a path outside what the budgets read, is not an "
+        "unreadable input",
+        chart="admission.platformValuesSecret",
+    )
+    gpu_instance_types: Annotated[tuple[str, ...], NoDecode] = setting(
+        ("gn1.xlarge", "gn1.2xlarge", "gn1.4xlarge", "gn1.8xlarge"),
+        "the cluster instance types that attach GPUs, comma-separated, as the chart's webhook "
+        "match conditions name them: a VM naming one reaches the webhook though it lists no "
+        "gpus entries. The budget report counts what every instance type attaches and says "
+        "which ones attach GPUs without being named here",
+        chart="admission.gpuInstanceTypes",
+        shown="gn1.xlarge,gn1.2xlarge,gn1.4xlarge,gn1.8xlarge",
+    )
     admission_cache_seconds: float = setting(
         5.0,
         "how long the budget webhook caches GPUClasses (tenant declarations and reservations "
@@ -314,9 +331,24 @@ class Settings(BaseSettings):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/") if value else None
 
-    @field_validator("license_namespaces", mode="before")
+    @field_validator("platform_values_secret")
     @classmethod
-    def _split_namespaces(cls, value: object) -> object:
+    def _is_object_name(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"{value!r} is not a Secret name")
+        return value
+
+    @field_validator("gpu_instance_types")
+    @classmethod
+    def _instance_types_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not is_dns_subdomain(name):
+                raise ValueError(f"{name!r} is not an instance type name")
+        return value
+
+    @field_validator("license_namespaces", "gpu_instance_types", mode="before")
+    @classmethod
+    def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value

@@ -18,6 +18,7 @@ from hooks.cli import offline
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.wire.admission import AdmissionRequest, decode_review
+from tests import cozystack
 
 if TYPE_CHECKING:
     from flask.testing import FlaskClient
@@ -334,24 +335,8 @@ def license_sync_request(
 
 
 def helmrelease(kind: str, namespace: str, name: str, values: dict[str, Any]) -> dict[str, Any]:
-    prefix = {
-        "Tenant": "tenant",
-        "VMInstance": "vm-instance",
-        "KubernetesNodes": "kubernetes-nodes",
-    }[kind]
-    return {
-        "apiVersion": "helm.toolkit.fluxcd.io/v2",
-        "kind": "HelmRelease",
-        "metadata": {
-            "name": f"{prefix}-{name}",
-            "namespace": namespace,
-            "labels": {
-                "apps.cozystack.io/application.kind": kind,
-                "apps.cozystack.io/application.name": name,
-            },
-        },
-        "spec": {"chart": {"spec": {"chart": prefix}}, "values": values},
-    }
+    """An app's HelmRelease as Cozystack's API writes it (`tests.cozystack`)."""
+    return cozystack.helmrelease(kind, namespace, name, values)
 
 
 def gpus(*resources: str) -> list[dict[str, str]]:
@@ -386,11 +371,7 @@ def admission_review(
     old_spec: dict[str, Any] | None = None,
     uid: str = "8c1f5e2a-0c4d-4b5e-9a51-3d2f1b0e7a11",
 ) -> dict[str, Any]:
-    resource = {
-        "VMInstance": "vminstances",
-        "KubernetesNodes": "kubernetesnodeses",
-        "Tenant": "tenants",
-    }[kind]
+    resource = cozystack.plural(kind)
 
     def app(app_spec: dict[str, Any]) -> dict[str, Any]:
         return app_object(kind, namespace, name, app_spec)

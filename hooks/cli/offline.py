@@ -36,6 +36,8 @@ from hooks.wire.metacontroller import (
     CONFIGMAPS,
     GPUCLASS_API_VERSION,
     GPUCLASSES,
+    INSTANCE_TYPES,
+    INSTANCE_TYPES_API_VERSION,
     RELATED_KINDS,
     REPORT_TARGET_API_VERSION,
     REPORT_TARGET_KIND,
@@ -367,19 +369,19 @@ PODS_RESOURCE = ("v1", "pods")
 NODES_RESOURCE = ("v1", "nodes")
 
 
-def _tenant_namespaces(inventory: Inventory) -> list[str]:
+def _tenant_namespaces(inventory: Inventory, settings: Settings) -> list[str]:
     """Every namespace a tenant could own that the dump names: as a Namespace, as where a release
     lives, as what a Tenant release claims, and every namespace above those."""
     named = {ns["metadata"]["name"] for ns in inventory.objects.get(NAMESPACES_RESOURCE, [])}
     for release in inventory.objects.get(RELEASES, []):
         named.add(release["metadata"].get("namespace", ""))
-        claimed = release_object(msgspec.Raw(_bytes(release)))
+        claimed = release_object(msgspec.Raw(_bytes(release)), settings.platform_values_secret)
         if isinstance(claimed, Tenant) and claimed.owned_namespace is not None:
             named.add(claimed.owned_namespace)
     return sorted({n for name in named for n in namespace_chain(name)})
 
 
-def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
+def _labelled(inventory: Inventory, namespaces: list[str], settings: Settings) -> Inventory:
     """The inventory with its tenant namespaces (made where the dump has none) labelled as the
     tenant namespace labeller's syncs would label them: `tenant-root` first, whose label the
     others copy."""
@@ -393,7 +395,8 @@ def _labelled(inventory: Inventory, namespaces: list[str]) -> Inventory:
         rules = tenant_namespaces.customize(name).related_resources
         related = select_related(rules, Inventory(seen, inventory.kubevirt, inventory.unknown))
         body = {"object": namespace, "related": related}
-        answer = tenant_namespaces.sync(decode_tenant_namespace_sync(_bytes(body))).response
+        request = decode_tenant_namespace_sync(_bytes(body))
+        answer = tenant_namespaces.sync(request, settings.platform_values_secret).response
         labelled.append(_with_labels(namespace, answer.labels))
     objects = {**inventory.objects, NAMESPACES_RESOURCE: [*found.values(), *labelled]}
     return Inventory(objects, inventory.kubevirt, inventory.unknown)
@@ -433,8 +436,12 @@ def resources_labelled(inventory: Inventory, settings: Settings) -> Inventory:
 
 
 def class_index(inventory: Inventory, settings: Settings) -> dict[str, Any]:
-    """The class index as the index controller's sync writes it from the dump's GPUClasses."""
+    """The class index as the index controller's sync writes it from the dump's GPUClasses and
+    cluster instance types."""
     classes = inventory.objects.get((GPUCLASS_API_VERSION, "gpuclasses"), [])
+    instance_types = inventory.objects.get(
+        (INSTANCE_TYPES_API_VERSION, "virtualmachineclusterinstancetypes"), []
+    )
     body = {
         "object": {
             "apiVersion": REPORT_TARGET_API_VERSION,
@@ -442,12 +449,15 @@ def class_index(inventory: Inventory, settings: Settings) -> dict[str, Any]:
             "metadata": {"name": "plan"},
         },
         "attachments": {},
-        "related": {GPUCLASSES: {c["metadata"]["name"]: c for c in classes}},
+        "related": {
+            GPUCLASSES: {c["metadata"]["name"]: c for c in classes},
+            INSTANCE_TYPES: {t["metadata"]["name"]: t for t in instance_types},
+        },
     }
-    answer = budget_report.index_sync(
+    outcome = budget_report.index_sync(
         decode_class_index_sync(_bytes(body)), settings.budget_classes_namespace
     )
-    [index] = answer.attachments
+    [index] = outcome.response.attachments
     built: dict[str, Any] = msgspec.to_builtins(index)
     return built
 
@@ -457,8 +467,8 @@ def pool_requests(inventory: Inventory, settings: Settings) -> dict[str, dict[st
     labeller's syncs labelled every tenant namespace and the class index is written: what the
     report's rules select (of ConfigMaps, the class index alone: no `gpu-budget` is in a dump plan
     reads)."""
-    namespaces = _tenant_namespaces(inventory)
-    labelled = _labelled(inventory, namespaces)
+    namespaces = _tenant_namespaces(inventory, settings)
+    labelled = _labelled(inventory, namespaces, settings)
     by_name = {ns["metadata"]["name"]: ns for ns in labelled.objects[NAMESPACES_RESOURCE]}
     index = class_index(inventory, settings)
     index_key = f"{index['metadata']['namespace']}/{index['metadata']['name']}"
@@ -490,7 +500,12 @@ def budget_pools(inventory: Inventory, settings: Settings) -> tuple[PoolUse, ...
     return tuple(
         pool
         for body in pool_requests(inventory, settings).values()
-        for pool in budget_report.sync(decode_report_sync(_bytes(body))).pools or ()
+        for pool in budget_report.sync(
+            decode_report_sync(_bytes(body)),
+            settings.platform_values_secret,
+            settings.budget_classes_namespace,
+        ).pools
+        or ()
     )
 
 

@@ -23,8 +23,9 @@ from hooks.rules.budget.declarations import (
 )
 from hooks.rules.budget.keys import is_budget_key, quota_problem, tenant_declaration
 from hooks.rules.budget.pools import Pools
-from hooks.rules.budget.reservations import cannot_grow
+from hooks.rules.budget.reservations import Catalog, cannot_grow
 from hooks.rules.budget.tenancy import (
+    KUBERNETES,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
@@ -34,7 +35,6 @@ from hooks.rules.budget.tenancy import (
     with_spec,
 )
 from hooks.rules.budget.verdicts import ALLOWED, FAILED_CLOSED, Verdict
-from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
 from hooks.wire.cozystack import (
     AppObject,
@@ -49,6 +49,9 @@ from hooks.wire.problems import BadRequest, Unreadable
 Reviewed = TypeVar("Reviewed", AppObject, TenantObject)
 Decode = Callable[[msgspec.Raw, str], Reviewed | None]
 
+# The apps whose VMs can attach GPUs.
+APP_KINDS = (VM_INSTANCE, KUBERNETES_NODES, KUBERNETES)
+
 APPS_GROUP = "apps.cozystack.io"
 CHECKED_OPERATIONS = ("CREATE", "UPDATE")
 
@@ -57,7 +60,10 @@ class BudgetInputs(Protocol):
     """What the webhook reads; each method raises `Unreadable` when it cannot, with a message a
     tenant's denial can carry (the webhook fails closed)."""
 
-    def classes(self) -> list[ClassIdentity]: ...
+    def catalog(self) -> Catalog:
+        """The GPUClasses and what each cluster instance type attaches."""
+        ...
+
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         """Every tenant and app the verdicts about these namespaces read (at least), and every
         one of the namespaces below `subtrees` down to their bounded sub-tenants."""
@@ -156,18 +162,23 @@ def _object_under_review(
 
 
 def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome:
-    """VMInstance and KubernetesNodes create and update; anything else is not ours and passes."""
-    if not _ours(request, (VM_INSTANCE, KUBERNETES_NODES)):
+    """VMInstance, KubernetesNodes and Kubernetes create and update; anything else is not ours
+    and passes."""
+    if not _ours(request, APP_KINDS):
         return _outcome(request, ALLOWED)
     kind = request.kind.kind
-    new_obj = _object_under_review(request, inputs, decode_app_object)
+
+    def decode(raw: msgspec.Raw, field: str) -> AppObject | None:
+        return decode_app_object(raw, field, kind)
+
+    new_obj = _object_under_review(request, inputs, decode)
     if isinstance(new_obj, BudgetOutcome):
         return new_obj
-    old_obj = _old_object(request, decode_app_object)
+    old_obj = _old_object(request, decode)
     name = _name(request, new_obj)
     new = replace(
         app_from(new_obj.spec, request.namespace, kind, name),
-        sized=object_sets_reservation(request.object, kind == KUBERNETES_NODES),
+        sized=object_sets_reservation(request.object, kind),
     )
     old = with_spec(new, old_obj.spec) if old_obj else None
     if cannot_grow(new, old):
@@ -182,9 +193,9 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
             tenants=tenancy.tenants,
             creating=request.operation == "CREATE",
         )
-        # GPUClasses are read only once a pool applies: outside every pool a VM passes even
-        # while they cannot be listed.
-        return check.verdict(inputs.classes() if check.needs_classes else ())
+        # The catalog is read only once a pool applies: outside every pool a VM passes even
+        # while GPUClasses or instance types cannot be listed.
+        return check.verdict(inputs.catalog() if check.needs_catalog else Catalog())
 
     return _checked(request, decide)
 
@@ -232,7 +243,7 @@ def review_tenant(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutc
             old=old,
             apps=tenancy.apps,
             tenants=tenancy.tenants,
-            classes=inputs.classes(),
+            catalog=inputs.catalog(),
             creating=request.operation == "CREATE",
         )
 

@@ -19,9 +19,11 @@ The webhook never reads the report.
 
 `gpuclass-budget-report`: its one target is the release's ClusterRole, and its attachment the
 class index, a ConfigMap `gpuclass-budget-classes` in the release's namespace holding what the
-arithmetic reads of each GPUClass (name, age, deletion, resource). The pools relate that ConfigMap
-instead of the GPUClasses: a class's status is written whenever its free units change, and each
-write would re-sync every report target; the index changes only when a class's identity does.
+arithmetic reads of each GPUClass (name, age, deletion, resource) and what each cluster instance
+type attaches. The pools relate that ConfigMap (by its namespace and name: a ConfigMap of that
+name elsewhere is not it) instead of the GPUClasses and instance types: a class's status is
+written whenever its free units change, and each write would re-sync every report target; the
+index changes only when a class's identity or an instance type's devices do.
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ from hooks.controllers.tenant_namespaces import (
     claimant_rules,
     pool_level_label,
 )
+from hooks.rules.budget.instance_types import attached_by_type
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.subtrees import ReportGroup, report_group
 from hooks.rules.budget.tenancy import (
+    KUBERNETES,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
@@ -57,6 +62,7 @@ from hooks.wire.cozystack import KIND_LABEL
 from hooks.wire.kube import ConfigMap
 from hooks.wire.metacontroller import (
     GPUCLASS_API_VERSION,
+    INSTANCE_TYPES_API_VERSION,
     ClassIndexSync,
     CustomizeResponse,
     DecoratorSyncResponse,
@@ -107,16 +113,26 @@ class IndexedClass(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     resource_name: str | None
 
 
-class ClassIndex(msgspec.Struct, frozen=True, kw_only=True):
+class ClassIndex(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What the budget arithmetic reads of the GPUClasses: each class's identity, and the names
     of those that do not decode (a device of one maps to no key, so no pool's figures can be
-    known)."""
+    known); and of the cluster instance types: the devices each attaches (those that attach none
+    left out), and why each that does not decode could not be read. An index written before
+    instance types were read has none: they attach nothing until it is written again."""
 
     classes: list[IndexedClass]
     undecodable: list[str]
+    instance_types: dict[str, list[str]] = {}
+    undecodable_instance_types: dict[str, str] = {}
 
-    def identities(self) -> list[ClassIdentity]:
-        return [ClassIdentity(c.name, c.created, c.deleting, c.resource_name) for c in self.classes]
+    def catalog(self) -> Catalog:
+        return Catalog(
+            tuple(
+                ClassIdentity(c.name, c.created, c.deleting, c.resource_name) for c in self.classes
+            ),
+            {name: tuple(devices) for name, devices in self.instance_types.items()},
+            self.undecodable_instance_types,
+        )
 
 
 _INDEX = msgspec.json.Decoder(ClassIndex)
@@ -124,19 +140,39 @@ _INDEX = msgspec.json.Decoder(ClassIndex)
 
 def index_customize() -> CustomizeResponse:
     return CustomizeResponse(
-        related_resources=[RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses")]
+        related_resources=[
+            RelatedRule(api_version=GPUCLASS_API_VERSION, resource="gpuclasses"),
+            RelatedRule(
+                api_version=INSTANCE_TYPES_API_VERSION,
+                resource="virtualmachineclusterinstancetypes",
+            ),
+        ]
     )
 
 
-def index_sync(request: ClassIndexSync, namespace: str) -> DecoratorSyncResponse:
+@dataclass(frozen=True)
+class IndexOutcome:
+    response: DecoratorSyncResponse
+    index: ClassIndex | None  # None: the request could not be trusted
+
+
+def unnamed_gpu_instance_types(index: ClassIndex, named: Iterable[str]) -> tuple[str, ...]:
+    """The instance types that attach GPUs but that the webhook's match conditions do not name:
+    a VM naming one and listing no gpus entries is admitted without a budget check."""
+    return tuple(sorted(set(index.instance_types) - set(named)))
+
+
+def index_sync(request: ClassIndexSync, namespace: str) -> IndexOutcome:
     """The class index in the release's namespace (`namespace`). Attaching it also drops what
     the ClusterRole owned before, the one-target reports of earlier versions, which the pool
-    reports could not write over (nothing adopts another owner's object). Without the classes
-    the request cannot be trusted: no attachment is kept, none is written."""
-    if request.classes is None:
-        return DecoratorSyncResponse(
+    reports could not write over (nothing adopts another owner's object). Without the classes or
+    the instance types the request cannot be trusted: no attachment is kept, none is written."""
+    if request.classes is None or request.instance_types is None:
+        response = DecoratorSyncResponse(
             attachments=[], status=None, resync_after_seconds=STALE_RULES_RETRY_SECONDS
         )
+        return IndexOutcome(response, None)
+    devices, problems = attached_by_type(request.instance_types)
     index = ClassIndex(
         classes=sorted(
             (
@@ -151,19 +187,23 @@ def index_sync(request: ClassIndexSync, namespace: str) -> DecoratorSyncResponse
             key=lambda c: c.name,
         ),
         undecodable=sorted(request.classes.invalid),
+        instance_types={name: list(devices[name]) for name in sorted(devices)},
+        undecodable_instance_types=dict(sorted(problems.items())),
     )
     attachment = ReportConfigMap(
         metadata=ReportMetadata(name=CLASS_INDEX_NAME, namespace=namespace, labels={}),
         data={CLASS_INDEX_KEY: msgspec.json.encode(index).decode()},
     )
-    return DecoratorSyncResponse(attachments=[attachment], status=None)
+    return IndexOutcome(DecoratorSyncResponse(attachments=[attachment], status=None), index)
 
 
-def read_class_index(config_maps: list[ConfigMap]) -> ClassIndex | str | None:
-    """The class index among a pool's related ConfigMaps (only the one in the release's namespace
-    is sent under that name); None when there is none, the problem when it cannot be read."""
+def read_class_index(config_maps: list[ConfigMap], namespace: str) -> ClassIndex | str | None:
+    """The class index among a pool's related ConfigMaps: the one of its name in the release's
+    namespace (`namespace`) and no other (a tenant may label a ConfigMap of that name as a report
+    in its own namespace); None when there is none, the problem when it cannot be read."""
     for config_map in config_maps:
-        if config_map.metadata.name == CLASS_INDEX_NAME:
+        meta = config_map.metadata
+        if meta.name == CLASS_INDEX_NAME and meta.namespace == namespace:
             try:
                 return _INDEX.decode(config_map.data.get(CLASS_INDEX_KEY, ""))
             except msgspec.DecodeError:
@@ -199,7 +239,7 @@ def customize(namespace: str, index_namespace: str) -> CustomizeResponse:
                         Requirement(
                             key=KIND_LABEL,
                             operator="In",
-                            values=[TENANT, VM_INSTANCE, KUBERNETES_NODES],
+                            values=[TENANT, VM_INSTANCE, KUBERNETES_NODES, KUBERNETES],
                         )
                     ]
                 ),
@@ -292,7 +332,9 @@ def _kept(attached: list[ConfigMap]) -> list[ReportConfigMap]:
     ]
 
 
-def sync(request: ReportSync) -> ReportOutcome:
+def sync(request: ReportSync, platform_values: str, index_namespace: str) -> ReportOutcome:
+    """A report target's reports. `platform_values` names the platform's values Secret (which
+    sets nothing the budgets read), `index_namespace` where the class index is."""
     namespace = request.target.metadata.name
     group = report_group(namespace)
     attached = list(request.attached.objects) if request.attached else []
@@ -308,7 +350,7 @@ def sync(request: ReportSync) -> ReportOutcome:
         )
         return ReportOutcome(response, "stale_related", counts={"kept": len(attached)})
     config_maps = request.config_maps.objects if request.config_maps else []
-    index = read_class_index(config_maps)
+    index = read_class_index(config_maps, index_namespace)
     if group is not None and not isinstance(index, ClassIndex):
         # Not written yet (a first install), or unreadable: keep the reports as they are. Writing
         # the index re-syncs every report target.
@@ -317,14 +359,14 @@ def sync(request: ReportSync) -> ReportOutcome:
         return ReportOutcome(
             response, "no_class_index", invalid=unreadable, counts={"kept": len(attached)}
         )
-    objects = [release_object(raw) for raw in request.releases or []]
+    objects = [release_object(raw, platform_values) for raw in request.releases or []]
     tenancy = Tenancy(
         tuple(o for o in objects if isinstance(o, Tenant)),
         tuple(o for o in objects if isinstance(o, App)),
     )
-    classes = index.identities() if isinstance(index, ClassIndex) else []
-    reported = reported_namespaces(namespace, group, request.group or ())
-    found = (pool_usage(tenancy, classes, n) for n in reported)
+    catalog = index.catalog() if isinstance(index, ClassIndex) else Catalog()
+    reported = reported_namespaces(namespace, group, request.group or (), tenancy.tenants)
+    found = (pool_usage(tenancy, catalog, n) for n in reported)
     pools = tuple(pool for pool in found if pool is not None)
     undecodable = index.undecodable if isinstance(index, ClassIndex) else []
     invalid = tuple(InvalidObject("GPUClass", name, "does not decode") for name in undecodable)
@@ -338,8 +380,13 @@ def sync(request: ReportSync) -> ReportOutcome:
         for c in config_maps
         if c.metadata.name == REPORT_NAME and c.metadata.namespace not in ours
     }
-    writable = not request.target.terminating
-    reports = [_report(p) for p in pools if p.namespace not in taken and writable]
+    # A report goes only where its namespace stands and is not being deleted: nothing can be
+    # made in a namespace that does not exist yet, or in one being deleted.
+    standing = {namespace, *(request.group or ())} - set(request.terminating)
+    if request.target.terminating:
+        standing = set()
+    written = [p for p in pools if p.namespace in standing]
+    reports = [_report(p) for p in written if p.namespace not in taken]
     response = DecoratorSyncResponse(attachments=reports, status=None)
     return ReportOutcome(
         response,
@@ -350,21 +397,24 @@ def sync(request: ReportSync) -> ReportOutcome:
             "pools": len(pools),
             "over_budget": sum(1 for p in pools if p.over_budget),
             "unreadable": sum(1 for p in pools if p.unreadable is not None),
-            "conflicts": sum(1 for p in pools if p.namespace in taken),
+            "conflicts": sum(1 for p in written if p.namespace in taken),
             # A report first asked for, or one Metacontroller cannot create because an unlabelled
             # `gpu-budget` (a tenant's own, which no rule here can name) already stands there:
             # the second stays above zero sync after sync.
             "unattached": sum(1 for r in reports if r.metadata.namespace not in ours),
-            "unwritable": 0 if writable else len(pools),
+            "unwritable": len(pools) - len(written),
         },
     )
 
 
 def reported_namespaces(
-    namespace: str, group: ReportGroup | None, in_group: Iterable[str]
+    namespace: str, group: ReportGroup | None, in_group: Iterable[str], tenants: Iterable[Tenant]
 ) -> tuple[str, ...]:
     """The namespaces whose pools a target's sync decides: every namespace of a top-level subtree
-    (itself included, labelled or not yet), the root's own, or none."""
+    (itself included, labelled or not yet, and those a Tenant release names that are not made
+    yet), the root's own, or none."""
     if group == "top_level":
-        return tuple(sorted({namespace, *in_group}))
+        named = {t.owned_namespace for t in tenants if t.owned_namespace is not None}
+        below = {n for n in named if n.startswith(f"{namespace}-")}
+        return tuple(sorted({namespace, *in_group, *below}))
     return (namespace,) if group == "root" else ()

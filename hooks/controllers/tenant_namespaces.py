@@ -92,13 +92,13 @@ class LabelsOutcome:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def sync(request: TenantNamespaceSync) -> LabelsOutcome:
+def sync(request: TenantNamespaceSync, platform_values: str) -> LabelsOutcome:
     chain = namespace_chain(request.namespace)
     if not chain:
         return LabelsOutcome(
             LabelsResponse(labels={}, attachments=[], status=None), "not_a_tenant_namespace"
         )
-    in_root_pool, invalid = _in_root_pool(request)
+    in_root_pool, invalid = _in_root_pool(request, platform_values)
     if in_root_pool is None:
         # Selected by other rules than today's (or the root's Namespace did not decode): leave the
         # labels until customize is asked again.
@@ -120,14 +120,16 @@ def sync(request: TenantNamespaceSync) -> LabelsOutcome:
     )
 
 
-def _in_root_pool(request: TenantNamespaceSync) -> tuple[bool | None, tuple[InvalidObject, ...]]:
+def _in_root_pool(
+    request: TenantNamespaceSync, platform_values: str
+) -> tuple[bool | None, tuple[InvalidObject, ...]]:
     """Whether the root tenant is bounded: from its claimants for `tenant-root`, from the label
     `tenant-root` carries for the others; None when the request cannot tell. With the releases
     that did not decode."""
     if request.namespace == ROOT_NAMESPACE:
         if request.releases is None:
             return None, ()
-        objects = [release_object(raw) for raw in request.releases]
+        objects = [release_object(raw, platform_values) for raw in request.releases]
         tenants = [o for o in objects if isinstance(o, Tenant)]
         invalid = tuple(
             InvalidObject("HelmRelease", t.where, t.unreadable)

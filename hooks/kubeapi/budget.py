@@ -2,6 +2,9 @@
 
 GPUClasses are cached for `GPUCLASS_ADMISSION_CACHE_SECONDS`: they are the hoster's, change
 rarely, and a class seen a few seconds late maps a device to the key it mapped to a moment ago.
+Cluster instance types are read fresh, like releases: what a VM attaches through one must be
+what the API server holds when the review arrives. Where KubeVirt's instance type API is not
+served, no instance type exists and none attaches anything.
 
 Tenant declarations and app reservations are never cached: the webhook itself admits them, so a
 cached list would let two quick requests (or two replicas) each take the same budget. Nor are
@@ -22,10 +25,13 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from hooks.kubeapi.client import ApiClient
+from hooks.kubeapi.client import ApiClient, NotFound
+from hooks.rules.budget.instance_types import INSTANCE_TYPES_API, catalog_of
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import (
+    KUBERNETES,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
@@ -42,7 +48,7 @@ from hooks.wire.problems import Undecodable, Unreadable, decoded
 HELM_API = "/apis/helm.toolkit.fluxcd.io/v2"
 HELMRELEASES = f"{HELM_API}/helmreleases"
 GPUCLASSES = "/apis/cozystack.io/v1alpha1/gpuclasses"
-TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES})"
+TENANCY_SELECTOR = f"{KIND_LABEL} in ({TENANT},{VM_INSTANCE},{KUBERNETES_NODES},{KUBERNETES})"
 # Tenant releases whose name label is missing or empty: their release name may name the tenant
 # (`tenant-x`); those it does not fail closed beneath where they live, where it could matter.
 UNNAMED_TENANTS = (f"{KIND_LABEL}={TENANT},!{NAME_LABEL}", f"{KIND_LABEL}={TENANT},{NAME_LABEL}=")
@@ -62,11 +68,15 @@ _GPUCLASS = msgspec.json.Decoder(GPUClass)
 class ApiReleases:
     """The reads of `scoped_reads`, as namespaced LISTs selected by Cozystack's labels."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, platform_values: str) -> None:
         self._api = api
+        self._platform_values = platform_values
 
     def _list(self, namespace: str, selector: str) -> list[Tenant | App]:
-        return [release_object(raw) for raw in self._api.list(releases_in(namespace), selector)]
+        return [
+            release_object(raw, self._platform_values)
+            for raw in self._api.list(releases_in(namespace), selector)
+        ]
 
     def read(self, request: Read) -> list[Tenant | App]:
         match request:
@@ -86,11 +96,24 @@ class BudgetReader:
         self._settings = settings
         self._clock = clock
         self._api = ApiClient(settings)
-        self._releases = ApiReleases(self._api)
+        self._releases = ApiReleases(self._api, settings.platform_values_secret)
         self._lock = threading.Lock()  # guards the class cache only
         self._classes: tuple[float, list[ClassIdentity]] | None = None
 
-    def classes(self) -> list[ClassIdentity]:
+    def catalog(self) -> Catalog:
+        """The classes (cached) and the cluster instance types (fresh)."""
+        classes = self._classes_cached()
+        try:
+            instance_types = list(self._api.list(INSTANCE_TYPES_API))
+        except NotFound:
+            instance_types = []
+        except Unreadable as error:
+            raise Unreadable(
+                f"could not list VirtualMachineClusterInstancetypes ({error})"
+            ) from None
+        return catalog_of(classes, instance_types)
+
+    def _classes_cached(self) -> list[ClassIdentity]:
         now = self._clock()
         with self._lock:
             cached = self._classes

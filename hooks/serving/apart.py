@@ -355,7 +355,7 @@ def _serve_one(
 class _NoBudgets:
     """Pure hooks read no budgets; a hook that does is not pure, and this says so."""
 
-    def classes(self) -> NoReturn:
+    def catalog(self) -> NoReturn:
         raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")
 
     def tenancy(self, namespaces: object, subtrees: object = ()) -> NoReturn:

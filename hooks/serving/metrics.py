@@ -28,7 +28,12 @@ from prometheus_client.registry import Collector
 
 from hooks.controllers.status import ClassComputation
 from hooks.kubeapi.kubevirt import ReadOutcome
-from hooks.routes import BudgetUsageObserved, LicenseCopiesObserved, Observation
+from hooks.routes import (
+    BudgetUsageObserved,
+    InstanceTypesObserved,
+    LicenseCopiesObserved,
+    Observation,
+)
 from hooks.rules.budget.usage import PoolUse
 from hooks.serving import logs
 from hooks.serving.credentials import CredentialWatch
@@ -415,6 +420,14 @@ class Metrics:
         # like any other, not a series appearing (which rate() and the alerts cannot see).
         for verdict in ("allowed", "denied", "failed_closed"):
             self.budget_reviews.labels(verdict=verdict)
+        self.unnamed_instance_types = Gauge(
+            "cozystack_gpu_budget_instance_type_unnamed",
+            "1 per cluster instance type that attaches GPUs but that the webhook's match "
+            "conditions do not name (admission.gpuInstanceTypes): a VM naming it and listing no "
+            "gpus entries is admitted without a budget check",
+            ["instance_type"],
+            registry=self.registry,
+        )
 
         self.calls_in_progress = Gauge(
             "cozystack_gpu_hook_calls_in_progress",
@@ -577,6 +590,10 @@ class Metrics:
             self._record_license(observation)
         elif isinstance(observation, BudgetUsageObserved):
             self.budgets.record(observation.namespaces, observation.pools)
+        elif isinstance(observation, InstanceTypesObserved):
+            self.unnamed_instance_types.clear()
+            for name in observation.unnamed:
+                self.unnamed_instance_types.labels(instance_type=name).set(1)
         else:
             self.budget_reviews.labels(verdict=observation.verdict).inc()
 

@@ -3,6 +3,7 @@ HelmRelease that stores each app (its values are the app's spec)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
@@ -14,6 +15,23 @@ from hooks.wire.problems import BadRequest, Undecodable, decoded
 # Labels Cozystack puts on the HelmRelease of every app.
 KIND_LABEL = "apps.cozystack.io/application.kind"
 NAME_LABEL = "apps.cozystack.io/application.name"
+
+# The kinds of app the budgets read.
+TENANT = "Tenant"
+VM_INSTANCE = "VMInstance"
+KUBERNETES_NODES = "KubernetesNodes"
+KUBERNETES = "Kubernetes"
+
+# The defaults of the apps' ApplicationDefinition schemas for the fields the budgets read.
+# Cozystack stores an app's spec as it was sent and applies these only when it reads a release
+# back, so a stored release that leaves a field out means its default, never "unreadable". The
+# tests hold them to Cozystack's own ApplicationDefinitions.
+DEFAULT_INSTANCE_TYPE = "u1.medium"
+DEFAULT_MAX_REPLICAS = 10
+DEFAULT_MIN_REPLICAS = 0
+# The node group the Kubernetes app's chart runs when `nodeGroups` is empty: the defaults above,
+# no gpus entries.
+DEFAULT_NODE_GROUP = "md0"
 
 S = TypeVar("S")
 
@@ -30,54 +48,93 @@ class GpuEntry(_Cozystack):
 # whether it is a whole number of devices; the wire only keeps it.
 QuotaValue = str | int | float | bool | None
 
+Size = Annotated[int, msgspec.Meta(ge=0)]
 
-class AppSpec(_Cozystack):
-    """The fields of a VMInstance's or KubernetesNodes' spec (or its HelmRelease's values) the
-    budgets read."""
+
+class VMSpec(_Cozystack):
+    """What a VM attaches: its gpus entries and the cluster instance type it names (`null` or
+    `""`: none, as the chart renders no instance type then)."""
 
     gpus: list[GpuEntry] = []
-    max_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    min_replicas: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    instance_type: str | None = DEFAULT_INSTANCE_TYPE
 
 
-class _Gpus(_Cozystack):
-    """Only whether an app lists any gpus entry."""
+class NodeGroupSpec(VMSpec):
+    """A worker pool (KubernetesNodes, or one of a Kubernetes app's node groups): what each of
+    its VMs attaches, and its size bounds."""
 
-    gpus: list[msgspec.Raw] = []
+    max_replicas: Size = DEFAULT_MAX_REPLICAS
+    min_replicas: Size = DEFAULT_MIN_REPLICAS
+
+
+class KubernetesSpec(_Cozystack):
+    """A Kubernetes app: its node groups, each a pool (empty or absent: the default `md0`)."""
+
+    node_groups: dict[str, NodeGroupSpec] | None = None
+
+
+class _RawGroups(_Cozystack):
+    node_groups: dict[str, msgspec.Raw] | None = None
+
+
+AppSpec = VMSpec | NodeGroupSpec | KubernetesSpec
+
+
+def default_node_groups() -> dict[str, NodeGroupSpec]:
+    """What the Kubernetes app's chart runs when `nodeGroups` is empty or absent."""
+    return {DEFAULT_NODE_GROUP: NodeGroupSpec()}
+
+
+def node_groups(spec: KubernetesSpec) -> dict[str, NodeGroupSpec]:
+    """A Kubernetes app's node groups as its chart runs them."""
+    return spec.node_groups or default_node_groups()
+
+
+# What each kind's reservation reads of its values: a `valuesFrom` reference with a
+# `targetPath` under none of these contributes nothing the budgets read.
+READ_FIELDS = {
+    TENANT: frozenset({"resourceQuotas"}),
+    VM_INSTANCE: frozenset({"gpus", "instanceType"}),
+    KUBERNETES_NODES: frozenset({"gpus", "instanceType", "maxReplicas", "minReplicas"}),
+    KUBERNETES: frozenset({"nodeGroups"}),
+}
 
 
 class _Sizes(_Cozystack):
-    """Which of the fields an app's reservation reads its values set at all."""
+    """Which of the fields a VM's or a worker pool's reservation reads its values set at all."""
 
     gpus: list[msgspec.Raw] | msgspec.UnsetType | None = msgspec.UNSET
+    instance_type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     max_replicas: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     min_replicas: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
-def sets_reservation(values: msgspec.Raw, worker_pool: bool) -> bool:
-    """Whether an app's values set everything its reservation reads: its `gpus` and, for a
-    worker pool that lists any, both its size bounds. Flux merges a release's `values` over what
-    it takes from elsewhere (`valuesFrom`), a list replaced whole: values that set these decide
-    the reservation, whatever the referenced object holds."""
+def sets_reservation(values: msgspec.Raw, kind: str) -> bool:
+    """Whether an app's values set everything its reservation reads, so that nothing merged
+    under them from elsewhere (Flux's `valuesFrom`) can change it. Flux merges a release's
+    `values` over what it takes from elsewhere, a list or a scalar replaced whole, a map merged
+    key by key: a VM's values decide when they set its `gpus` and `instanceType`; a
+    KubernetesNodes' also its size bounds; a Kubernetes app's node groups (a map) never."""
+    if kind not in (VM_INSTANCE, KUBERNETES_NODES):
+        return False
     try:
         sizes = decoded(_SIZES, values)
     except Undecodable:
         return False
-    if isinstance(sizes.gpus, msgspec.UnsetType) or sizes.gpus is None:
-        return False
-    if not sizes.gpus or not worker_pool:
-        return True
     unset = msgspec.UnsetType
-    return not isinstance(sizes.max_replicas, unset) and not isinstance(sizes.min_replicas, unset)
+    read = [sizes.gpus, sizes.instance_type]
+    if kind == KUBERNETES_NODES:
+        read += [sizes.max_replicas, sizes.min_replicas]
+    return sizes.gpus is not None and not any(isinstance(field, unset) for field in read)
 
 
-def object_sets_reservation(raw: msgspec.Raw, worker_pool: bool) -> bool:
+def object_sets_reservation(raw: msgspec.Raw, kind: str) -> bool:
     """`sets_reservation` of an app object's spec."""
     try:
         head = decoded(_OBJECT_HEAD, raw)
     except Undecodable:
         return False
-    return sets_reservation(head.spec, worker_pool)
+    return sets_reservation(head.spec, kind)
 
 
 class TenantSpec(_Cozystack):
@@ -94,10 +151,11 @@ class ObjectHead(_Cozystack):
 
 
 class AppObject(_Cozystack):
-    """A VMInstance or KubernetesNodes under review."""
+    """A VMInstance, KubernetesNodes or Kubernetes app under review, its spec read as its kind
+    says."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: AppSpec = msgspec.field(default_factory=AppSpec)
+    spec: AppSpec = msgspec.field(default_factory=VMSpec)
 
 
 class TenantObject(_Cozystack):
@@ -120,12 +178,19 @@ class ReleaseHead(_Cozystack):
     metadata: ReleaseMeta = msgspec.field(default_factory=ReleaseMeta)
 
 
+class ValuesReference(_Cozystack):
+    """One of Flux's `spec.valuesFrom`: values merged under `values` from a ConfigMap or Secret
+    (at `targetPath`, else at the top)."""
+
+    kind: str = ""
+    name: str = ""
+    target_path: str = ""
+
+
 class HelmReleaseSpec(_Cozystack):
     # The app's spec, read as its kind (the release's labels) says.
     values: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
-    # Flux merges values from ConfigMaps and Secrets into `values`; the webhook reads neither,
-    # so it keeps only whether there are any.
-    values_from: list[msgspec.Raw] = []
+    values_from: list[ValuesReference] = []
 
 
 class HelmRelease(ReleaseHead):
@@ -134,21 +199,35 @@ class HelmRelease(ReleaseHead):
     spec: HelmReleaseSpec = msgspec.field(default_factory=HelmReleaseSpec)
 
 
-def app_spec(raw: msgspec.Raw, at: str) -> AppSpec:
-    """An app's spec (`at` names where it sits, for the message). One with no gpus entry reserves
-    nothing, whatever else it holds: it is never unreadable for a field that multiplies nothing
-    (the admission webhook's match conditions let such apps through unjudged, so they must never
-    make a pool fail closed once stored)."""
-    try:
-        return decoded(_APP_SPEC, raw, at)
-    except Undecodable:
-        try:
-            listed = decoded(_GPUS, raw, at)
-        except Undecodable:
-            listed = None
-        if listed is not None and not listed.gpus:
-            return AppSpec()
-        raise
+_TARGET_HEAD = re.compile(r"(?:[^.\\[]|\\.)*")
+
+
+def contributes_nothing_read(reference: ValuesReference, kind: str, platform_values: str) -> bool:
+    """A reference to the platform's own values Secret (Cozystack's API writes it on every release
+    as `{kind: Secret, name: cozystack-values}`) merged at the top or at a path outside what the
+    budgets read of this kind. That Secret holds only `_`-prefixed keys (`_cluster`,
+    `_namespace`), and Cozystack's API refuses such keys in a spec, so it sets nothing read."""
+    if reference.kind != "Secret" or reference.name != platform_values:
+        return False
+    if not reference.target_path:
+        return True
+    # The first segment of a Helm `--set` style path: `a.b`, `a[0]`, with `\.` escaping a dot.
+    head = _TARGET_HEAD.match(reference.target_path)
+    top = head.group(0).replace("\\", "") if head else ""
+    return top not in READ_FIELDS.get(kind, frozenset()) and top != ""
+
+
+def app_spec(raw: msgspec.Raw, at: str, kind: str) -> AppSpec:
+    """An app's spec as its kind reads it (`at` names where it sits, for the message)."""
+    decoder: msgspec.json.Decoder[AppSpec] = _SPECS.get(kind, _VM_SPEC)
+    return decoded(decoder, raw, at)
+
+
+def node_group_specs(raw: msgspec.Raw, at: str) -> dict[str, msgspec.Raw]:
+    """A Kubernetes app's node groups, each still raw (so that one that does not decode is
+    named alone); Undecodable when the map itself is not one."""
+    groups = decoded(_RAW_GROUPS, raw, at).node_groups
+    return groups or {}
 
 
 class _Quotas(_Cozystack):
@@ -172,13 +251,17 @@ def tenant_spec(raw: msgspec.Raw, at: str) -> TenantSpec:
         raise
 
 
-def decode_app_object(raw: msgspec.Raw, field: str) -> AppObject | None:
-    """A VMInstance or KubernetesNodes under review; None when the field is absent; BadRequest
-    naming the field when it is not an app object."""
+def decode_app_object(raw: msgspec.Raw, field: str, kind: str) -> AppObject | None:
+    """An app under review; None when the field is absent; BadRequest naming the field when it
+    is not an app object of its kind."""
     head = _object_head(raw, field)
     if head is None:
         return None
-    return AppObject(metadata=head.metadata, spec=_spec_of(app_spec, head, field))
+
+    def read(spec: msgspec.Raw, at: str) -> AppSpec:
+        return app_spec(spec, at, kind)
+
+    return AppObject(metadata=head.metadata, spec=_spec_of(read, head, field))
 
 
 def decode_tenant_object(raw: msgspec.Raw, field: str) -> TenantObject | None:
@@ -206,8 +289,13 @@ def _spec_of(read: Callable[[msgspec.Raw, str], S], head: ObjectHead, field: str
 
 
 _OBJECT_HEAD = msgspec.json.Decoder(ObjectHead)
-_APP_SPEC = msgspec.json.Decoder(AppSpec)
-_GPUS = msgspec.json.Decoder(_Gpus)
+_VM_SPEC: msgspec.json.Decoder[AppSpec] = msgspec.json.Decoder(VMSpec)
+_SPECS: dict[str, msgspec.json.Decoder[AppSpec]] = {
+    VM_INSTANCE: _VM_SPEC,
+    KUBERNETES_NODES: msgspec.json.Decoder(NodeGroupSpec),
+    KUBERNETES: msgspec.json.Decoder(KubernetesSpec),
+}
+_RAW_GROUPS = msgspec.json.Decoder(_RawGroups)
 _SIZES = msgspec.json.Decoder(_Sizes)
 _TENANT_SPEC = msgspec.json.Decoder(TenantSpec)
 _QUOTAS = msgspec.json.Decoder(_Quotas)

@@ -180,3 +180,19 @@ class KubeVirtSpec(_Wire, frozen=True):
 
 class KubeVirt(_Wire, frozen=True):
     spec: KubeVirtSpec = KubeVirtSpec()
+
+
+class InstancetypeGpu(_Wire, frozen=True):
+    device_name: str
+
+
+class InstancetypeSpec(_Wire, frozen=True):
+    gpus: list[InstancetypeGpu] = []
+
+
+class Instancetype(_Wire, frozen=True):
+    """A KubeVirt cluster instance type (`VirtualMachineClusterInstancetype`): the GPUs it
+    attaches to every VM that names it, by resource name."""
+
+    metadata: NameOnlyMeta = NameOnlyMeta()
+    spec: InstancetypeSpec = InstancetypeSpec()

@@ -18,6 +18,7 @@ from hooks.wire.kube import (
     Condition,
     ConfigMap,
     GPUClass,
+    Instancetype,
     NameOnlyMeta,
     Namespace,
     Node,
@@ -41,6 +42,8 @@ SECRETS = "Secret.v1"
 CONFIGMAPS = "ConfigMap.v1"
 GPUCLASSES = f"{GPUCLASS_KIND}.{GPUCLASS_API_VERSION}"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
+INSTANCE_TYPES_API_VERSION = "instancetype.kubevirt.io/v1beta1"
+INSTANCE_TYPES = f"VirtualMachineClusterInstancetype.{INSTANCE_TYPES_API_VERSION}"
 
 RawGroups = dict[str, dict[str, msgspec.Raw]]
 
@@ -199,6 +202,13 @@ RELATED_KINDS = (
     RelatedKind(
         "helm.toolkit.fluxcd.io/v2", "HelmRelease", "helmreleases", HELMRELEASES, HelmRelease, True
     ),
+    RelatedKind(
+        INSTANCE_TYPES_API_VERSION,
+        "VirtualMachineClusterInstancetype",
+        "virtualmachineclusterinstancetypes",
+        INSTANCE_TYPES,
+        Instancetype,
+    ),
 )
 # The kinds the hooks read, by group key; any other group is skipped unread.
 GROUP_KINDS: dict[str, type] = {related.group_key: related.type for related in RELATED_KINDS}
@@ -348,14 +358,15 @@ def decode_namespace(raw: msgspec.Raw, field: str) -> TargetNamespace:
 class ReportSync:
     """A report target's sync request: its namespace, each release still raw (the budget rules
     read each on its own, and mark what does not decode), the ConfigMaps decoded (the reports it
-    can see and the class index), the names of the namespaces labelled into its group (of a
-    namespace only its name is read); a group is None when the request did not carry it."""
+    can see and the class index), the names of the namespaces labelled into its group and those
+    of them being deleted; a group is None when the request did not carry it."""
 
     target: TargetNamespace
     releases: list[msgspec.Raw] | None
     config_maps: DecodedGroup | None
     group: tuple[str, ...] | None
     attached: DecodedGroup | None
+    terminating: frozenset[str] = frozenset()
 
 
 _REPORT = msgspec.json.Decoder(_ReportSync)
@@ -383,6 +394,7 @@ def check_report_target(raw: msgspec.Raw, field: str) -> str:
 
 class _IndexGroups(msgspec.Struct):
     classes: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=GPUCLASSES)
+    instance_types: dict[str, msgspec.Raw] | None = msgspec.field(default=None, name=INSTANCE_TYPES)
 
 
 class _ClassIndexSync(msgspec.Struct):
@@ -396,10 +408,12 @@ _CLASS_INDEX = msgspec.json.Decoder(_ClassIndexSync)
 
 @dataclass(frozen=True)
 class ClassIndexSync:
-    """The class index's sync request: the GPUClasses decoded, None when the request did not
-    carry them (the attachments are not read: the index is rebuilt whole)."""
+    """The class index's sync request: the GPUClasses decoded and the cluster instance types
+    still raw (the budget rules read each on its own), each None when the request did not carry
+    them (the attachments are not read: the index is rebuilt whole)."""
 
     classes: DecodedGroup | None
+    instance_types: list[msgspec.Raw] | None
 
 
 def decode_class_index_sync(body: bytes) -> ClassIndexSync:
@@ -408,7 +422,12 @@ def decode_class_index_sync(body: bytes) -> ClassIndexSync:
     check_report_target(request.object, "object")
     if request.attachments is None:
         raise BadRequest("request has no attachments")
-    return ClassIndexSync(_decoded_each(request.related.classes, GPUClass))
+    related = request.related
+    instance_types = related.instance_types
+    return ClassIndexSync(
+        _decoded_each(related.classes, GPUClass),
+        list(instance_types.values()) if instance_types is not None else None,
+    )
 
 
 def _decoded_each(group: Mapping[str, msgspec.Raw] | None, kind: type) -> DecodedGroup | None:
@@ -423,12 +442,16 @@ def decode_report_sync(body: bytes) -> ReportSync:
     if request.attachments is None:
         raise BadRequest("request has no attachments")
     related = request.related
+    namespaces = _decoded_each(related.namespaces, Namespace)
     return ReportSync(
         target,
         list(related.releases.values()) if related.releases is not None else None,
         _decoded_each(related.config_maps, ConfigMap),
         tuple(related.namespaces) if related.namespaces is not None else None,
         _decoded_each(request.attachments.config_maps, ConfigMap) or DecodedGroup([], []),
+        frozenset(
+            n.metadata.name for n in (namespaces.objects if namespaces else ()) if n.terminating
+        ),
     )
 
 

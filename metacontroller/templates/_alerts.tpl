@@ -112,6 +112,15 @@ The alert rules, once, for both the PrometheusRule and the VMRule. Alert templat
       summary: {{ `The GPU budget pool of tenant {{ $labels.tenant }} ({{ $labels.namespace }}) is over its {{ $labels.key }} budget` | quote }}
       description: {{ `Its carve-outs and reservations exceed its budget (cozystack_gpu_budget_left_units is below 0): the budget was lowered under what is held, or apps predate the webhook. Growth in the pool is refused until it is back within; nothing is taken from running apps. The tenant's ConfigMap gpu-budget lists what reserves.` | quote }}
       runbook_url: {{ printf "%s#gpubudgetpooloverbudget" $runbooks | quote }}
+  - alert: GPUInstanceTypeNotInWebhook
+    expr: max by (instance_type) (cozystack_gpu_budget_instance_type_unnamed) > 0
+    for: 15m
+    labels:
+      severity: warning
+    annotations:
+      summary: {{ `Instance type {{ $labels.instance_type }} attaches GPUs but the budget webhook does not see VMs that name it` | quote }}
+      description: {{ `A VM, worker pool or node group naming it and listing no gpus entries is admitted without a budget check (the webhook's match conditions name the instance types of admission.gpuInstanceTypes). Its devices still count in the reports. Add it to admission.gpuInstanceTypes.` | quote }}
+      runbook_url: {{ printf "%s#gpuinstancetypenotinwebhook" $runbooks | quote }}
   - alert: GPUClassHookMemoryBudgetRefusals
     expr: sum(rate(cozystack_gpu_hook_memory_refused_total{code="429"}[10m])) * 60 > 1
     for: 15m

@@ -264,3 +264,11 @@ graceful timeout is the first three (hooks/cli/__init__.py). */}}
 {{- define "gpuclass-hooks.terminationGraceSeconds" -}}
 {{- add 5 10 (include "gpuclass-hooks.hookTimeoutSeconds" . | int) 5 -}}
 {{- end }}
+
+{{/*
+The instance type a VMInstance, a KubernetesNodes or a node group runs when it names none: the
+default of Cozystack's ApplicationDefinitions (the tests hold it to them, and to the service's).
+*/}}
+{{- define "gpuclass-hooks.defaultInstanceType" -}}
+u1.medium
+{{- end }}

@@ -220,6 +220,18 @@ CASES = [
         "gpuclass.cozystack.io/devices budget",
     ),
     Case(
+        "GPUInstanceTypeNotInWebhook",
+        firing=[
+            ('cozystack_gpu_budget_instance_type_unnamed{instance_type="a10.xlarge"}', "1x40"),
+        ],
+        quiet=[],
+        quiet_until="14m",
+        fires_at="16m",
+        labels={"instance_type": "a10.xlarge"},
+        summary="Instance type a10.xlarge attaches GPUs but the budget webhook does not see VMs "
+        "that name it",
+    ),
+    Case(
         # rate() over 10m of a counter that starts in the window passes one a minute at 6m
         "GPUClassHookMemoryBudgetRefusals",
         firing=[('cozystack_gpu_hook_memory_refused_total{code="429"}', "0+2x40")],

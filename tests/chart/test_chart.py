@@ -525,6 +525,8 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_BUDGET_REPORT_RESYNC_SECONDS": "600",
         "GPUCLASS_ADMISSION_CACHE_SECONDS": "5",
         "GPUCLASS_ADMISSION_TIMEOUT_SECONDS": "10",
+        "GPUCLASS_GPU_INSTANCE_TYPES": "gn1.xlarge,gn1.2xlarge,gn1.4xlarge,gn1.8xlarge",
+        "GPUCLASS_PLATFORM_VALUES_SECRET": "cozystack-values",
         "GPUCLASS_LOG_LEVEL": "info",
         "GPUCLASS_MEMORY_WAIT_SECONDS": "20",
     }
@@ -596,8 +598,52 @@ def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
     ]
     account = one(default_render, "ServiceAccount")["metadata"]["name"]
     for binding in by_kind(default_render, "ClusterRoleBinding"):
-        assert binding["subjects"][0]["name"] == account
+        if not binding["metadata"]["name"].endswith("-class-reader"):
+            assert binding["subjects"][0]["name"] == account
     assert not by_kind(default_render, "Role")
+
+
+def test_every_authenticated_user_may_read_gpuclasses_and_nothing_else_unless_narrowed(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """A tenant choosing a class reads its status; the role grants reads of GPUClasses alone,
+    bound to the groups named (every authenticated user by default), or to no one."""
+    [role] = [
+        r
+        for r in by_kind(default_render, "ClusterRole")
+        if r["metadata"]["name"] == "gpu-gpuclass-hooks-class-reader"
+    ]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["cozystack.io"],
+            "resources": ["gpuclasses"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    assert "labels" not in role or not any(
+        key.startswith("rbac.cozystack.io/") for key in role["metadata"]["labels"]
+    )
+
+    def subjects(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            subject
+            for b in by_kind(documents, "ClusterRoleBinding")
+            if b["roleRef"]["name"] == "gpu-gpuclass-hooks-class-reader"
+            for subject in b["subjects"]
+        ]
+
+    group = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group"}
+    assert subjects(default_render) == [{**group, "name": "system:authenticated"}]
+    narrowed = render("classReaders.groups={tenant-a-view,tenant-b-view}")
+    assert subjects(narrowed) == [
+        {**group, "name": "tenant-a-view"},
+        {**group, "name": "tenant-b-view"},
+    ]
+    off = render("classReaders.groups=null")
+    assert subjects(off) == []
+    assert "gpu-gpuclass-hooks-class-reader" not in {
+        r["metadata"]["name"] for r in by_kind(off, "ClusterRole")
+    }
 
 
 def test_tenants_view_role_lets_them_get_their_budget_report_and_nothing_else(
@@ -977,12 +1023,14 @@ def test_admission_webhook_is_on_by_default_and_off_only_when_told(
         "gpu-gpuclass-hooks",
         "gpu-gpuclass-hooks-admission",
         "gpu-gpuclass-hooks-budget-report-view",
+        "gpu-gpuclass-hooks-class-reader",
     }
     off = render("admission.enabled=false")
     assert by_kind(off, "ValidatingWebhookConfiguration") == []
     assert {r["metadata"]["name"] for r in by_kind(off, "ClusterRole")} == {
         "gpu-gpuclass-hooks",
         "gpu-gpuclass-hooks-budget-report-view",
+        "gpu-gpuclass-hooks-class-reader",
     }
 
 
@@ -997,7 +1045,7 @@ def test_admission_webhook_rules_and_routes() -> None:
         "tenant-gpu-keys.gpuclass.cozystack.io",
     }
     resources = {
-        "gpu-budget.gpuclass.cozystack.io": ["vminstances", "kubernetesnodeses"],
+        "gpu-budget.gpuclass.cozystack.io": ["vminstances", "kubernetesnodeses", "kuberneteses"],
         "tenant-gpu-keys.gpuclass.cozystack.io": ["tenants"],
     }
     service = one(documents, "Service")
@@ -1073,6 +1121,11 @@ def test_admission_rbac_lists_what_the_webhook_reads() -> None:
     assert role["rules"] == [
         {"apiGroups": ["cozystack.io"], "resources": ["gpuclasses"], "verbs": ["list"]},
         {"apiGroups": ["helm.toolkit.fluxcd.io"], "resources": ["helmreleases"], "verbs": ["list"]},
+        {
+            "apiGroups": ["instancetype.kubevirt.io"],
+            "resources": ["virtualmachineclusterinstancetypes"],
+            "verbs": ["list"],
+        },
     ]
     binding = next(
         b

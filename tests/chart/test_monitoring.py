@@ -75,6 +75,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
             assert client.post("/status/sync", json=request).status_code == 200
         report = client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
         assert report.status_code == 200
+        index = client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
+        assert index.status_code == 200
         client.post(
             "/license/sync",
             json=license_sync_request(
@@ -240,6 +242,7 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
         "GPUClassHooksDown",
         "GPUClassBudgetReviewsFailingClosed",
         "GPUBudgetPoolOverBudget",
+        "GPUInstanceTypeNotInWebhook",
         "GPUClassHookMemoryBudgetRefusals",
         "GPUClassHooksQueueing",
         "GPUClassHookCredentialInvalid",

@@ -368,6 +368,12 @@ MALFORMED = [
         },
         "spec.configuration",
     ),
+    (
+        "instancetype.kubevirt.io/v1beta1",
+        "VirtualMachineClusterInstancetype",
+        {"metadata": {"name": "gn1.xlarge"}, "spec": {"gpus": [{"name": "gpu1"}]}},
+        "spec.gpus[0]",
+    ),
 ]
 
 

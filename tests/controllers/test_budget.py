@@ -13,12 +13,14 @@ import pytest
 from hooks.controllers.budget import review_app, review_tenant
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.pools import Pools
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, decode_review
 from hooks.wire.problems import BadRequest, Unreadable
 from tests.builders import GPU, OTHER_GPU, admission_review, gpus, review_request
+from tests.rules.budget import pool, vm
 
 CLASSES = [
     ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU),
@@ -33,8 +35,8 @@ class Inputs:
         self._tenancy = Tenancy(tuple(tenants), tuple(apps))
         self.asked: list[tuple[str, ...]] = []
 
-    def classes(self) -> list[ClassIdentity]:
-        return CLASSES
+    def catalog(self) -> Catalog:
+        return Catalog(tuple(CLASSES))
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         self.asked.append(tuple(namespaces))
@@ -64,7 +66,7 @@ def tenant_review(name: str, quotas: dict[str, Any], old: dict[str, Any] | None 
 
 
 POOL_A = Tenant("tenant-root", "a", {TOTAL_KEY: 3})
-RENDER = App("tenant-a", "VMInstance", "render", (GPU, GPU))
+RENDER = vm("tenant-a", "render", GPU, GPU)
 
 
 def test_a_checked_review_says_what_it_reviewed_and_that_it_read() -> None:
@@ -97,7 +99,7 @@ def test_a_review_whose_inputs_cannot_be_read_fails_closed_having_tried_to_read_
 
 
 class ClassesUnlistable(Inputs):
-    def classes(self) -> list[ClassIdentity]:
+    def catalog(self) -> Catalog:
         raise Unreadable("could not list GPUClasses (HTTP 503)")
 
 
@@ -152,7 +154,7 @@ def test_the_app_under_review_replaces_its_stored_self_even_when_the_object_has_
 def test_an_update_that_moves_a_device_to_another_class_is_checked_for_growth_only() -> None:
     # the pool holds 3 of a total of 2 (written before the webhook); the total does not grow
     over = Tenant("tenant-root", "a", {TOTAL_KEY: 2})
-    legacy = App("tenant-a", "VMInstance", "legacy", (GPU,))
+    legacy = vm("tenant-a", "legacy", GPU)
     inputs = Inputs([over], [RENDER, legacy])
     moved = review_app(vm_review("tenant-a", "legacy", OTHER_GPU, old=(GPU,)), inputs)
     assert moved.verdict.allowed is True, moved.verdict.message
@@ -205,7 +207,7 @@ def test_an_unchanged_declaration_in_an_overcommitted_pool_passes() -> None:
 def test_a_worker_pool_update_grows_by_its_replicas_not_by_its_entries() -> None:
     # workers reserves 1 device x 3 replicas of a's 6; a second device makes 6: it fits exactly
     pool_a = Tenant("tenant-root", "a", {TOTAL_KEY: 6})
-    workers = App("tenant-a", "KubernetesNodes", "workers", (GPU,), 3)
+    workers = pool("tenant-a", "workers", GPU, max_replicas=3)
     review = admission_review(
         "KubernetesNodes",
         "tenant-a",
@@ -238,7 +240,7 @@ def test_a_bounded_tenant_changing_only_other_quotas_reads_nothing() -> None:
 def test_an_unchanged_worker_pool_cannot_grow_even_in_a_pool_over_budget() -> None:
     # workers holds 1 device x 3 replicas against a's 2 (written before the webhook)
     pool_a = Tenant("tenant-root", "a", {TOTAL_KEY: 2})
-    workers = App("tenant-a", "KubernetesNodes", "workers", (GPU,), 3)
+    workers = pool("tenant-a", "workers", GPU, max_replicas=3)
     spec = {"gpus": gpus(GPU), "maxReplicas": 3}
     review = admission_review(
         "KubernetesNodes", "tenant-a", "workers", spec, operation="UPDATE", old_spec=spec

@@ -23,22 +23,27 @@ from hypothesis import strategies as st
 from hooks.cli import offline
 from hooks.controllers import budget_report
 from hooks.controllers.budget import review_app, review_tenant
+from hooks.rules.budget.instance_types import catalog_of
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.budget.usage import PoolUse, budget_usage
 from hooks.rules.classes import ClassIdentity
 from hooks.settings import Settings
 from hooks.wire.metacontroller import decode_report_sync
+from tests import cozystack
 from tests.builders import inventory_of, scoped_tenancy
 from tests.profiles import examples
 from tests.rules.budget.test_invariant import (
+    INSTANCE_TYPES,
     KIND_LABEL,
     NAME_LABEL,
-    PREFIX,
+    PLATFORM_VALUES,
     LegacyReleases,
     Release,
     decode,
+    instance_type_objects,
     request,
 )
 
@@ -59,8 +64,8 @@ class Cluster:
     classes_: tuple[ClassIdentity, ...] = (L40S_CLASS, H100_CLASS, SPARE_CLASS)
 
     # what the webhook reads
-    def classes(self) -> list[ClassIdentity]:
-        return list(self.classes_)
+    def catalog(self) -> Catalog:
+        return catalog_of(self.classes_, instance_type_objects(INSTANCE_TYPES))
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return scoped_tenancy(LegacyReleases(self.releases), namespaces, subtrees)
@@ -89,7 +94,11 @@ class Cluster:
         requests = offline.pool_requests(inventory_of(self.items()), Settings())
         found: dict[str, PoolUse] = {}
         for body in requests.values():
-            outcome = budget_report.sync(decode_report_sync(json.dumps(body).encode()))
+            outcome = budget_report.sync(
+                decode_report_sync(json.dumps(body).encode()),
+                PLATFORM_VALUES,
+                Settings().budget_classes_namespace,
+            )
             assert outcome.pools is not None
             for pool in outcome.pools:
                 assert pool.namespace not in found
@@ -98,12 +107,12 @@ class Cluster:
 
     def whole(self) -> dict[str, PoolUse]:
         """Every pool computed at once over every release of the cluster."""
-        objects = [release_object(msgspec.Raw(r.raw())) for r in self.releases]
+        objects = [release_object(msgspec.Raw(r.raw()), PLATFORM_VALUES) for r in self.releases]
         tenancy = Tenancy(
             tuple(o for o in objects if isinstance(o, Tenant)),
             tuple(o for o in objects if isinstance(o, App)),
         )
-        return {pool.namespace: pool for pool in budget_usage(tenancy, self.classes_)}
+        return {pool.namespace: pool for pool in budget_usage(tenancy, self.catalog())}
 
     def declared(self, namespace: str) -> set[str]:
         """The budget keys the tenant owning the namespace declares."""
@@ -130,7 +139,7 @@ def tenant(namespace: str, name: str, quotas: dict[str, int] | None = None) -> R
 def app(namespace: str, name: str, *gpus: str, **sizes: int) -> Release:
     kind = "KubernetesNodes" if sizes else "VMInstance"
     values = {"gpus": [{"name": g} for g in gpus], **sizes}
-    return Release(namespace, f"{PREFIX[kind]}-{name}", kind, name, values)
+    return Release(namespace, cozystack.release_prefix(kind) + name, kind, name, values)
 
 
 def own(release_namespace: str, name: str) -> str:
@@ -326,30 +335,36 @@ def test_an_updates_stored_object_is_only_its_baseline() -> None:
 
 
 def test_values_from_beside_values_gpus_counts_the_declared_gpus() -> None:
-    """Flux merges `values` over `valuesFrom`: gpus the values set are the ones installed."""
-    declared = Release(
-        "tenant-a", "vm-instance-v", "VMInstance", "v", {"gpus": [{"name": L40S}] * 3}, {}
-    )
+    """Flux merges `values` over `valuesFrom`: gpus and the instance type the values set are the
+    ones installed; the platform's own values Secret, on every release, sets nothing read."""
+    values = {"gpus": [{"name": L40S}] * 3, "instanceType": "u1.medium"}
+    declared = Release("tenant-a", "vm-instance-v", "VMInstance", "v", values, {})
     cluster = Cluster(
         (tenant("tenant-root", "root"), tenant("tenant-root", "a", {TOTAL_KEY: 4}), declared)
     )
     assert cluster.report()["tenant-a"].keys[0].left == 1
     assert cluster.admits("tenant-a", L40S, 1) == (True, "")
     assert not cluster.admits("tenant-a", L40S, 2)[0]
-    hidden = replace(declared, values={}, hidden={"gpus": [{"name": L40S}] * 3})
-    cluster = replace(cluster, releases=(*cluster.releases[:2], hidden))
-    assert cluster.report()["tenant-a"].unreadable is not None
-    allowed, message = cluster.admits("tenant-a", L40S, 1)
-    assert not allowed and message.endswith(
-        "HelmRelease tenant-a/vm-instance-v: spec.valuesFrom: values from a ConfigMap or Secret, "
-        "which the webhook does not read"
-    )
+    for hidden in (
+        replace(declared, values={}, hidden=values),
+        # the gpus set, but the instance type, which may attach more, from elsewhere
+        replace(declared, values={"gpus": values["gpus"]}, hidden={"instanceType": "gpu.l40s"}),
+    ):
+        cluster = replace(cluster, releases=(*cluster.releases[:2], hidden))
+        assert cluster.report()["tenant-a"].unreadable is not None
+        allowed, message = cluster.admits("tenant-a", L40S, 1)
+        assert not allowed and message.endswith(
+            "HelmRelease tenant-a/vm-instance-v: spec.valuesFrom: values from ConfigMap "
+            "vm-instance-v-values, which the webhook does not read"
+        )
 
 
 def test_the_labels_the_generated_releases_carry() -> None:
-    """The releases of these tests are labelled as Cozystack labels them."""
+    """The releases of these tests are labelled and written as Cozystack's API writes them."""
     labels = json.loads(bytes(app("tenant-a", "v", L40S).raw()))["metadata"]["labels"]
-    assert labels == {KIND_LABEL: "VMInstance", NAME_LABEL: "v"}
-    assert msgspec.json.decode(tenant("tenant-root", "a", {TOTAL_KEY: 1}).raw())["spec"] == {
-        "values": {"resourceQuotas": {TOTAL_KEY: "1"}}
-    }
+    written = cozystack.helmrelease("VMInstance", "tenant-a", "v", {})
+    assert labels == written["metadata"]["labels"]
+    assert labels[KIND_LABEL] == "VMInstance" and labels[NAME_LABEL] == "v"
+    spec = msgspec.json.decode(tenant("tenant-root", "a", {TOTAL_KEY: 1}).raw())["spec"]
+    assert spec["values"] == {"resourceQuotas": {TOTAL_KEY: "1"}}
+    assert spec["valuesFrom"] == [cozystack.platform_values()]

@@ -301,12 +301,16 @@ def test_a_gpu_less_app_and_a_shrinking_update_read_nothing(
     client: FlaskClient, apiserver: FakeApiServer
 ) -> None:
     apiserver.serve(HELMRELEASES, 503, {"kind": "Status"})  # would deny if it were read
-    assert review(client, "/admit/gpu-budget", vm_body("tenant-a", "plain"))["allowed"]
+    plain = admission_review("VMInstance", "tenant-a", "plain", {"instanceType": ""})
+    assert review(client, "/admit/gpu-budget", plain)["allowed"]
     shrink = vm_body(
         "tenant-a", "render", GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU, GPU)}
     )
     assert review(client, "/admit/gpu-budget", shrink)["allowed"]
     assert helmrelease_reads(apiserver) == 0
+    # an instance type, the default one included, may attach GPUs: its pool is read
+    typed = review(client, "/admit/gpu-budget", vm_body("tenant-a", "typed"))
+    assert not typed["allowed"] and "could not list HelmReleases" in typed["status"]["message"]
 
 
 def test_a_declaration_without_gpu_keys_that_stays_unbounded_reads_nothing(

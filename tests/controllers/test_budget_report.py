@@ -27,7 +27,13 @@ from hooks.wire.metacontroller import LabelSelector, Requirement
 from tests.builders import example_of, helmrelease, inventory_of, tenancy_items
 from tests.cli.test_plan import run_plan
 from tests.profiles import examples
-from tests.rules.budget.test_invariant import BUDGET_KEYS, CLASSES, Cluster, app_body
+from tests.rules.budget.test_invariant import (
+    BUDGET_KEYS,
+    CLASSES,
+    INSTANCE_TYPES,
+    Cluster,
+    instance_type_objects,
+)
 from tests.rules.budget.test_usage import carved, grown_then_lowered
 
 SYNC = "/budget-pools/sync"
@@ -338,6 +344,8 @@ def test_the_class_index_holds_each_classs_identity_in_the_releases_namespace(
             },
         ],
         "undecodable": [],
+        "instanceTypes": {"l40s.2xlarge": [L40S]},
+        "undecodableInstanceTypes": {},
     }
 
 
@@ -429,7 +437,9 @@ def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
 KINDS = LabelSelector(
     match_expressions=[
         Requirement(
-            "apps.cozystack.io/application.kind", "In", ["Tenant", "VMInstance", "KubernetesNodes"]
+            "apps.cozystack.io/application.kind",
+            "In",
+            ["Tenant", "VMInstance", "KubernetesNodes", "Kubernetes"],
         )
     ]
 )
@@ -510,10 +520,18 @@ def test_the_class_index_takes_the_releases_cluster_role_alone(
     assert client.post(route, json=body).status_code == 400
 
 
-def test_the_class_index_relates_the_gpuclasses_alone(client: FlaskClient) -> None:
+def test_the_class_index_relates_the_gpuclasses_and_the_cluster_instance_types_alone(
+    client: FlaskClient,
+) -> None:
     answer = client.post("/budget-report/customize", data=example_of("/budget-report/customize"))
     assert answer.get_json() == {
-        "relatedResources": [{"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"}]
+        "relatedResources": [
+            {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
+            {
+                "apiVersion": "instancetype.kubevirt.io/v1beta1",
+                "resource": "virtualmachineclusterinstancetypes",
+            },
+        ]
     }
 
 
@@ -589,9 +607,10 @@ def items_of(cluster: Cluster) -> list[dict[str, Any]]:
         for (r, n), q in cluster.tenants.items()
     ]
     releases += [
-        helmrelease(kind, namespace, name, app_body(gpus, most))
-        for (namespace, kind, name), (gpus, most) in cluster.apps.items()
+        helmrelease(kind, namespace, name, spec)
+        for (namespace, kind, name), spec in cluster.apps.items()
     ]
+    instance_types = [json.loads(bytes(t)) for t in instance_type_objects(INSTANCE_TYPES)]
     classes = [
         {
             "apiVersion": "cozystack.io/v1alpha1",
@@ -601,7 +620,7 @@ def items_of(cluster: Cluster) -> list[dict[str, Any]]:
         }
         for c in CLASSES
     ]
-    return [*releases, *classes]
+    return [*releases, *classes, *instance_types]
 
 
 def model_figures(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:

@@ -371,14 +371,15 @@ def test_an_empty_name_label_on_a_tenant_release_names_no_tenant(
 ) -> None:
     document = renamed(helmrelease("Tenant", "tenant-root", "x", {}), release)
     document["metadata"]["labels"][NAME_LABEL] = ""
-    tenant = release_object(msgspec.Raw(msgspec.json.encode(document)))
+    tenant = release_object(msgspec.Raw(msgspec.json.encode(document)), "cozystack-values")
     assert isinstance(tenant, Tenant)
     assert tenant.name == name and (tenant.unreadable is not None) == unreadable
 
 
 def with_values_from(release: dict[str, Any]) -> dict[str, Any]:
-    """A release whose values Flux also takes from a ConfigMap (`spec.valuesFrom`)."""
-    release["spec"]["valuesFrom"] = [{"kind": "ConfigMap", "name": "vm-values"}]
+    """A release whose values Flux also takes from a ConfigMap (`spec.valuesFrom`), beside the
+    platform's values Secret every release takes values from."""
+    release["spec"]["valuesFrom"].append({"kind": "ConfigMap", "name": "vm-values"})
     return release
 
 
@@ -393,7 +394,7 @@ def test_a_release_with_values_from_fails_closed_for_the_verdicts_that_need_it(
     assert (grows.allowed, grows.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/vm-instance-hidden: "
-        "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not read",
+        "spec.valuesFrom: values from ConfigMap vm-values, which the webhook does not read",
     )
     assert verdict_of(vm_review("default", "v", GPU), budgets).allowed is True
     a_cpu_quota = tenant("tenant-a", "b", {"requests.cpu": "1"})
@@ -411,17 +412,18 @@ def test_a_tenant_release_with_values_from_fails_closed_where_its_quotas_count(
     assert (verdict.allowed, verdict.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-root/tenant-a: spec.valuesFrom: "
-        "values from a ConfigMap or Secret, which the webhook does not read",
+        "values from ConfigMap vm-values, which the webhook does not read",
     )
 
 
 def test_a_release_with_values_from_whose_values_set_its_gpus_is_counted_from_them(
     apiserver: FakeApiServer,
 ) -> None:
-    """Flux merges `values` over `valuesFrom`, a list replaced whole: a VM release whose values
-    set `gpus` reserves those, whatever the ConfigMap holds (and a worker pool's values set its
-    size bounds too)."""
-    declared = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {"gpus": gpus(GPU)}))
+    """Flux merges `values` over `valuesFrom`, a list or a scalar replaced whole: a VM release
+    whose values set `gpus` and `instanceType` reserves those, whatever the ConfigMap holds (and a
+    worker pool's values set its size bounds too)."""
+    vm = {"gpus": gpus(GPU), "instanceType": "u1.medium"}
+    declared = with_values_from(helmrelease("VMInstance", "tenant-a", "v", vm))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, declared)
     assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).allowed is True
     over = verdict_of(vm_review("tenant-a", "w", GPU, GPU), budgets)
@@ -429,15 +431,17 @@ def test_a_release_with_values_from_whose_values_set_its_gpus_is_counted_from_th
         False,
         "gpuclass.cozystack.io/devices: this VMInstance needs 2",
     )
-    sized = {"gpus": gpus(GPU), "maxReplicas": 1, "minReplicas": 1}
+    sized = {"gpus": gpus(GPU), "instanceType": "", "maxReplicas": 1, "minReplicas": 1}
     pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", sized))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
     assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).allowed is True
-    unsized = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {"gpus": gpus(GPU)}))
+    unsized = with_values_from(
+        helmrelease("KubernetesNodes", "tenant-a", "p", {"gpus": gpus(GPU), "instanceType": ""})
+    )
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, unsized)
     assert verdict_of(vm_review("tenant-a", "w", GPU), budgets).message.endswith(
-        "HelmRelease tenant-a/kubernetes-nodes-p: spec.valuesFrom: values from a ConfigMap or "
-        "Secret, which the webhook does not read"
+        "HelmRelease tenant-a/kubernetes-nodes-p: spec.valuesFrom: values from ConfigMap "
+        "vm-values, which the webhook does not read"
     )
 
 
@@ -449,7 +453,10 @@ def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere(
     ConfigMap (a worker pool without its minReplicas)."""
     own = with_values_from(helmrelease("VMInstance", "tenant-a", "v", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, own)
-    edit = vm_review("tenant-a", "v", GPU, GPU, operation="UPDATE", old_spec={"gpus": gpus(GPU)})
+    edit = vm_review(
+        "tenant-a", "v", spec={"gpus": gpus(GPU, GPU), "instanceType": ""},
+        operation="UPDATE", old_spec={"gpus": gpus(GPU)},
+    )  # fmt: skip
     assert verdict_of(edit, budgets).allowed is True
     pool = with_values_from(helmrelease("KubernetesNodes", "tenant-a", "p", {}))
     budgets = cluster(apiserver, ROOT_TWO, TENANT_A, pool)
@@ -463,7 +470,7 @@ def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere(
     assert (verdict.allowed, verdict.message) == (
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/kubernetes-nodes-p: "
-        "spec.valuesFrom: values from a ConfigMap or Secret, which the webhook does not read",
+        "spec.valuesFrom: values from ConfigMap vm-values, which the webhook does not read",
     )
     quotas = with_values_from(
         helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}})

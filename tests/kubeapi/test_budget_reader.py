@@ -19,11 +19,14 @@ from hooks.kubeapi.budget import (
     releases_in,
 )
 from hooks.kubeapi.client import PAGE_SIZE
+from hooks.rules.budget.instance_types import INSTANCE_TYPES_API
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
-from hooks.rules.budget.tenancy import App, Tenant
+from hooks.rules.budget.reservations import Catalog, FailedClosed, Reservation, reservation
+from hooks.rules.budget.tenancy import App, Group, Tenant
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
+from tests import cozystack
 from tests.builders import GPU, gpuclass, gpus, helmrelease
 from tests.fake_apiserver import FakeApiServer, list_of
 
@@ -80,7 +83,7 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
     settings: Settings, budget_api: FakeApiServer
 ) -> None:
     budgets = reader(settings)
-    assert [(c.name, c.resource_name) for c in budgets.classes()] == [
+    assert [(c.name, c.resource_name) for c in budgets.catalog().classes] == [
         ("l40s", GPU),
         ("broken", None),
     ]
@@ -91,18 +94,19 @@ def test_reads_classes_tenants_and_apps_by_label_across_pages(
     assert tenants["a"].owned_namespace == "tenant-a"
     apps = {a.name: a for a in tenancy.apps}
     assert set(apps) == {"vm1", "pool", "pool2"}
-    assert (apps["pool"].kind, apps["pool"].max_replicas, apps["pool2"].max_replicas) == (
+    # what the values leave out is the schema's default: 10 replicas, the instance type u1.medium
+    assert (apps["pool"].kind, apps["pool"].groups, apps["pool2"].groups) == (
         "KubernetesNodes",
-        3,
-        None,
+        (Group((GPU,), "u1.medium", 3),),
+        (Group((GPU,), "u1.medium", 10),),
     )
-    assert apps["vm1"].gpus == (GPU,)
+    assert apps["vm1"].groups == (Group((GPU,), "u1.medium"),)
     # the owners of tenant-a and tenant-root, then tenant-a's pool: namespaced, by label
     assert releases_read(budget_api) == [
         f"tenant-root: {KINDS}=Tenant,{NAME} in (a,root)",
         f"tenant-root: {KINDS}=Tenant,!{NAME}",  # no release of the root tenant at all
         f"tenant-root: {KINDS}=Tenant,{NAME}=",
-        f"tenant-a: {KINDS} in (Tenant,VMInstance,KubernetesNodes)",
+        f"tenant-a: {KINDS} in (Tenant,VMInstance,KubernetesNodes,Kubernetes)",
     ]
     assert any("continue=2" in path for path, _ in budget_api.requests)
     assert all(auth == "Bearer sa-token-1" for _, auth in budget_api.requests)
@@ -129,13 +133,13 @@ def test_classes_are_cached_briefly_tenants_and_apps_never(
     def reads(path: str) -> int:
         return sum(1 for p, _ in budget_api.requests if p.startswith(path) and "continue" not in p)
 
-    budgets.classes(), budgets.tenancy(["tenant-a"])
+    budgets.catalog(), budgets.tenancy(["tenant-a"])
     now[0] = 104.9
-    budgets.classes(), budgets.tenancy(["tenant-a"])
+    budgets.catalog(), budgets.tenancy(["tenant-a"])
     assert reads(GPUCLASSES) == 1
     assert reads(releases_in("tenant-a")) == 2
     now[0] = 105.0  # the cache's five seconds are over
-    budgets.classes()
+    budgets.catalog()
     assert reads(GPUCLASSES) == 2
 
 
@@ -146,16 +150,16 @@ def test_an_expired_class_cache_is_never_served_while_the_list_fails(
     list fails closed, however long it lasts, and the next list that succeeds is served."""
     now = [100.0]
     budgets = reader(settings, now)
-    listed = budgets.classes()
+    listed = budgets.catalog().classes
     budget_api.serve(GPUCLASSES, 500, {"kind": "Status"})
     now[0] = 104.0
-    assert budgets.classes() == listed
+    assert budgets.catalog().classes == listed
     for later in (105.0, 200.0, 10_000.0):
         now[0] = later
         with pytest.raises(Unreadable, match=r"^could not list GPUClasses .*HTTP 500"):
-            budgets.classes()
+            budgets.catalog()
     budget_api.serve(GPUCLASSES, 200, list_of([gpuclass("a10")]))
-    assert [c.name for c in budgets.classes()] == ["a10"]
+    assert [c.name for c in budgets.catalog().classes] == ["a10"]
 
 
 @pytest.mark.parametrize("code", [403, 500])
@@ -166,7 +170,30 @@ def test_unreadable_lists_fail_closed_with_what_could_not_be_read(
     with pytest.raises(Unreadable, match=f"could not list HelmReleases .*HTTP {code}"):
         reader(settings).tenancy(["tenant-a"])
     with pytest.raises(Unreadable, match=r"^could not list GPUClasses \(not found\)$"):
-        reader(settings).classes()  # not served at all: 404
+        reader(settings).catalog()  # not served at all: 404
+
+
+def test_instance_types_are_read_fresh_on_every_review_and_an_unserved_api_has_none(
+    settings: Settings, budget_api: FakeApiServer
+) -> None:
+    """What a VM attaches through an instance type is what the API server holds when the review
+    arrives; where KubeVirt's instance type API is not served, none exists."""
+    budgets = reader(settings)
+    assert budgets.catalog().instance_types == {}  # not served: 404
+    budget_api.serve(INSTANCE_TYPES_API, 200, list_of(list(cozystack.instance_types())))
+    assert budgets.catalog().instance_types == {
+        name: tuple(devices) for name, devices in cozystack.gpu_instance_types().items()
+    }
+    first_pages = [p for p, _ in budget_api.requests if "continue" not in p]
+    assert sum(1 for p in first_pages if p.startswith(INSTANCE_TYPES_API)) == 2
+    broken = {"metadata": {"name": "gn1.broken"}, "spec": {"gpus": [{"name": "gpu1"}]}}
+    budget_api.serve(INSTANCE_TYPES_API, 200, list_of([broken]))
+    assert budgets.catalog().unreadable_types == {
+        "gn1.broken": "spec.gpus[0]: object missing required field deviceName"
+    }
+    budget_api.serve(INSTANCE_TYPES_API, 503, {"kind": "Status"})
+    with pytest.raises(Unreadable, match=r"^could not list VirtualMachineClusterInstancetypes"):
+        budgets.catalog()
 
 
 def test_an_app_without_gpus_entries_reserves_nothing_whatever_else_it_holds(
@@ -187,11 +214,13 @@ def test_an_app_without_gpus_entries_reserves_nothing_whatever_else_it_holds(
         ),
     )
     tenancy = reader(settings).tenancy(["tenant-x"], subtrees=["tenant-x"])
-    assert [(a.name, a.gpus, a.unreadable) for a in tenancy.apps] == [
-        ("neg", (), None),
-        ("odd", (), None),
-        ("none", (), None),
+    assert [(a.name, a.unreadable) for a in tenancy.apps] == [
+        ("neg", None),
+        ("odd", None),
+        ("none", None),
     ]
+    catalog = Catalog()
+    assert all(reservation(app, catalog) == Reservation() for app in tenancy.apps)
     assert [(t.name, t.unreadable) for t in tenancy.tenants] == [("x", None)]
 
 
@@ -239,17 +268,18 @@ def test_objects_that_do_not_decode_are_kept_and_named(
         ),
     ]
     assert all(t.bounded for t in tenancy.tenants)  # what cannot be read is never passed by
-    assert [(a.name, a.unreadable) for a in tenancy.apps] == [
-        (
-            "legacy",
-            "HelmRelease tenant-x/vm-instance-legacy: spec.values.gpus: expected a list, got null",
-        ),
-        (
-            "neg",
-            "HelmRelease tenant-x/kubernetes-nodes-neg: "
-            "spec.values.maxReplicas: expected an integer >= 0",
-        ),
-    ]
+    legacy_app, negative_app = tenancy.apps
+    assert (legacy_app.name, legacy_app.unreadable) == (
+        "legacy",
+        "HelmRelease tenant-x/vm-instance-legacy: spec.values.gpus: expected a list, got null",
+    )
+    # a size that does not decode fails closed where its group attaches a device
+    with pytest.raises(FailedClosed) as failed:
+        reservation(negative_app, Catalog())
+    assert str(failed.value) == (
+        "HelmRelease tenant-x/kubernetes-nodes-neg: spec.values.maxReplicas: expected an integer "
+        ">= 0"
+    )
 
 
 def test_timeout_fails_closed(settings: Settings, apiserver: FakeApiServer) -> None:
@@ -286,7 +316,7 @@ ROOT_OWNERS = [
 
 
 def pool(*namespaces: str) -> list[str]:
-    return [f"{n}: {KINDS} in (Tenant,VMInstance,KubernetesNodes)" for n in namespaces]
+    return [f"{n}: {KINDS} in (Tenant,VMInstance,KubernetesNodes,Kubernetes)" for n in namespaces]
 
 
 @pytest.mark.parametrize(
@@ -356,7 +386,7 @@ def test_a_vm_and_a_worker_pool_of_one_name_are_two_releases(
 def test_every_list_is_read_in_pages_of_the_api_servers_usual_size(
     settings: Settings, budget_api: FakeApiServer
 ) -> None:
-    reader(settings).classes()
+    reader(settings).catalog()
     queries = [parse_qs(urlsplit(p).query) for p, _ in budget_api.requests]
     assert queries and all(query["limit"] == [str(PAGE_SIZE)] for query in queries)
 
@@ -373,7 +403,7 @@ def test_a_class_list_that_does_not_decode_fails_closed_saying_what(
 ) -> None:
     apiserver.serve(GPUCLASSES, 200, body)
     with pytest.raises(Unreadable) as failed:
-        reader(settings).classes()
+        reader(settings).catalog()
     assert str(failed.value).startswith(message)
 
 
@@ -388,7 +418,7 @@ def test_a_list_whose_continue_token_never_advances_fails_closed(
 
     def read() -> None:
         try:
-            reader(settings).classes()
+            reader(settings).catalog()
         except BaseException as error:
             raised.append(error)
 
@@ -403,7 +433,7 @@ def test_a_list_whose_continue_token_never_advances_fails_closed(
 
 
 def test_a_release_that_says_not_even_where_it_lives_is_an_unreadable_tenant_of_nowhere() -> None:
-    release = release_object(msgspec.Raw(b'{"metadata": []}'))
+    release = release_object(msgspec.Raw(b'{"metadata": []}'), "cozystack-values")
     assert isinstance(release, Tenant)
     assert (release.release_namespace, release.name) == ("", None)
     assert release.unreadable is not None
@@ -412,7 +442,7 @@ def test_a_release_that_says_not_even_where_it_lives_is_an_unreadable_tenant_of_
 
 def test_a_release_without_kind_or_name_labels_is_an_app_of_no_kind_and_no_name() -> None:
     body = {"metadata": {"namespace": "tenant-a", "name": "vm-x", "labels": {}}, "spec": {}}
-    release = release_object(msgspec.Raw(json.dumps(body).encode()))
+    release = release_object(msgspec.Raw(json.dumps(body).encode()), "cozystack-values")
     assert isinstance(release, App)
     assert (release.namespace, release.kind, release.name, release.release) == (
         "tenant-a",

@@ -77,7 +77,7 @@ def hangs(inputs: HookInputs, body: bytes) -> Answer:
 
 
 def reads_budgets(inputs: HookInputs, body: bytes) -> Answer:
-    inputs.budgets.classes()
+    inputs.budgets.catalog()
     raise AssertionError("unreachable")
 
 

@@ -204,13 +204,13 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
     assert "secret-token-value" not in repr(ended)
 
 
-@pytest.mark.parametrize("read", ["classes", "tenancy"])
+@pytest.mark.parametrize("read", ["catalog", "tenancy"])
 def test_a_child_has_no_budgets_to_read(read: str) -> None:
     budgets: Any = apart._NoBudgets()
     with pytest.raises(
         RuntimeError, match=r"^a hook computed in a child read GPU budgets: it is not forkable$"
     ):
-        getattr(budgets, read)(*([] if read == "classes" else [("tenant-a",)]))
+        getattr(budgets, read)(*([] if read == "catalog" else [("tenant-a",)]))
 
 
 def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings) -> None:
@@ -296,7 +296,7 @@ def test_a_hook_in_the_child_that_reads_budgets_fails_saying_it_is_not_pure(
     settings: Settings,
 ) -> None:
     def reads_budgets(inputs: HookInputs, body: bytes) -> Answer:
-        inputs.budgets.classes()
+        inputs.budgets.catalog()
         raise AssertionError("unreachable")
 
     ended = served_here(reads_budgets, b"{}", settings)

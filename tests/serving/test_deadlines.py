@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from hooks.kubeapi.client import CALL_DEADLINE
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import Tenancy
-from hooks.rules.classes import ClassIdentity
 from hooks.serving import edge, http
 from hooks.serving.app import create_app
 from hooks.serving.guard import Backlog, Guard, HeadChecks, Refusal
@@ -30,8 +30,8 @@ class Recording:
     def __init__(self) -> None:
         self.left: list[float] = []
 
-    def classes(self) -> list[ClassIdentity]:
-        return []
+    def catalog(self) -> Catalog:
+        return Catalog()
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         deadline = CALL_DEADLINE.get()

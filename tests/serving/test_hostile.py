@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from hooks.routes import HOOKS
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.serving.app import create_app
@@ -346,8 +347,8 @@ HTTPS = "https://localhost"
 class BoundedTenantA:
     """Inputs with one bounded tenant, so that reviews reach the arithmetic."""
 
-    def classes(self) -> list[ClassIdentity]:
-        return [ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU)]
+    def catalog(self) -> Catalog:
+        return Catalog((ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, GPU),))
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return Tenancy((Tenant("tenant-root", "a", {TOTAL_KEY: 4, class_key("l40s"): 2}),), ())

@@ -306,6 +306,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
     )
     client.post("/license/sync", json=request)
     client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
+    client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
     metrics.budgets.record(["tenant-old"], [PoolUse("tenant-old", "old", (), unreadable="unknown")])
     metrics.watch_threads(4, lambda: 0)
     metrics.memory_wait.observe(0.2)

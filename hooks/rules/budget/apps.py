@@ -6,10 +6,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from hooks.rules.budget.pools import FailedClosed, Pools
-from hooks.rules.budget.reservations import Reservation, reservation
+from hooks.rules.budget.reservations import Catalog, Reservation, reservation
 from hooks.rules.budget.tenancy import App, Tenant
 from hooks.rules.budget.verdicts import ALLOWED, Verdict, decided, first_denial
-from hooks.rules.classes import ClassIdentity
 
 
 class AppCheck:
@@ -41,11 +40,11 @@ class AppCheck:
         self.pools = Pools(self.tenants, self.others)
 
     @property
-    def needs_classes(self) -> bool:
-        """Outside every pool (settled) the verdict is allowed whatever the classes say."""
+    def needs_catalog(self) -> bool:
+        """Outside every pool (settled) the verdict is allowed whatever the catalog says."""
         return self.pools.may_apply(self.new.namespace)
 
-    def verdict(self, classes: Iterable[ClassIdentity]) -> Verdict:
+    def verdict(self, catalog: Catalog) -> Verdict:
         new, stored, pools = self.new, self.stored, self.pools
 
         def decide() -> Verdict:
@@ -59,7 +58,7 @@ class AppCheck:
                 raise FailedClosed(
                     f"{releases[0]} and {releases[1]} both store {new.kind} {new.name}"
                 )
-            return _app_verdict(new, self.old, pools, tuple(classes))
+            return _app_verdict(new, self.old, pools, catalog)
 
         return decided(decide, self.tenants, self.others)
 
@@ -75,21 +74,21 @@ def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
 
 @dataclass(frozen=True)
 class AppReview:
-    """What the app rules read: the app under review, its old value, its pool and the classes."""
+    """What the app rules read: the app under review, its old value, its pool and the catalog."""
 
     new: App
     old: App | None
     pools: Pools
     root: str
-    classes: tuple[ClassIdentity, ...]
+    catalog: Catalog
 
     @property
     def wanted(self) -> Reservation:
-        return reservation(self.new, self.classes)
+        return reservation(self.new, self.catalog)
 
     @property
     def before(self) -> Reservation:
-        return reservation(self.old, self.classes)
+        return reservation(self.old, self.catalog)
 
 
 def no_unmapped_devices_escape(review: AppReview) -> Verdict | None:
@@ -117,7 +116,7 @@ def app_fits_its_pool(review: AppReview) -> Verdict | None:
         if key not in budget or wanted.get(key) <= before.get(key):
             continue
         pools.require_readable(root)  # the pool's arithmetic, read only for a key that grows
-        use = pools.key_use(root, key, review.classes)
+        use = pools.key_use(root, key, review.catalog)
         if wanted.get(key) > use.left:
             return Verdict(
                 False,
@@ -136,12 +135,10 @@ APP_RULES: tuple[Callable[[AppReview], Verdict | None], ...] = (
 )
 
 
-def _app_verdict(
-    new: App, old: App | None, pools: Pools, classes: tuple[ClassIdentity, ...]
-) -> Verdict:
+def _app_verdict(new: App, old: App | None, pools: Pools, catalog: Catalog) -> Verdict:
     pools.require_settled(new.namespace)
     root = pools.root(new.namespace)
     if root is None:
         return ALLOWED
-    review = AppReview(new, old, pools, root, classes)
+    review = AppReview(new, old, pools, root, catalog)
     return first_denial(rule(review) for rule in APP_RULES)

@@ -9,9 +9,9 @@ from itertools import chain
 
 from hooks.rules.budget.keys import CLASS_KEY_SUFFIX, TOTAL_KEY, in_gpu_domain, is_budget_key
 from hooks.rules.budget.pools import FailedClosed, Pools, claim_conflict
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenant, parent_namespace
 from hooks.rules.budget.verdicts import Verdict, decided, first_denial
-from hooks.rules.classes import ClassIdentity
 
 
 def check_declaration(
@@ -20,7 +20,7 @@ def check_declaration(
     old: Tenant | None,
     apps: Iterable[App],
     tenants: Iterable[Tenant],
-    classes: Iterable[ClassIdentity],
+    catalog: Catalog,
     creating: bool | None = None,
 ) -> Verdict:
     """The declaration gate for a Tenant create (old None) or update.
@@ -30,7 +30,7 @@ def check_declaration(
     direct parent's. Stored values of the tenant under review are replaced by the new ones; the
     old object is only the baseline of growth (a value that does not parse counts as 0).
     """
-    classes, tenants, apps = tuple(classes), tuple(tenants), tuple(apps)
+    tenants, apps = tuple(tenants), tuple(apps)
     refused = declaration_refused(new)
     if refused is not None:
         return Verdict(False, refused)
@@ -67,7 +67,7 @@ def check_declaration(
             # review is not the whole of it
             raise FailedClosed(stored[0].unreadable or stored[0].where)
         pools.require_settled(new.release_namespace)
-        return _gate(new, old, pools, pool, classes)
+        return _gate(new, old, pools, pool, catalog)
 
     return decided(decide, others, apps)
 
@@ -88,13 +88,13 @@ def declaration_refused(new: Tenant) -> str | None:
 class DeclarationReview:
     """What the declaration gate's rules read: the tenant under review and its old value, the
     pools with the new value in place, P (the pool the tenant carves out of, None outside every
-    pool) and the classes."""
+    pool) and the catalog."""
 
     new: Tenant
     old: Tenant | None
     pools: Pools
     pool: str | None
-    classes: tuple[ClassIdentity, ...]
+    catalog: Catalog
 
     @property
     def own(self) -> str:
@@ -167,7 +167,7 @@ def no_unmapped_devices_under_a_new_bound(review: DeclarationReview) -> Verdict 
         return None
     own, pools = review.own, review.pools
     pools.require_readable(own)
-    unmapped = {app: pools.held(app, review.classes).unmapped for app in pools.members(own)}
+    unmapped = {app: pools.held(app, review.catalog).unmapped for app in pools.members(own)}
     holders = {app: resources for app, resources in unmapped.items() if resources}
     if not holders:
         return None
@@ -190,7 +190,7 @@ def key_fits_pool(review: DeclarationReview, key: str) -> Verdict | None:
         return None
     pools.require_readable(pool)  # P's arithmetic, read only for a key that grows
     carved = pools.carved_out(pool, key) - new.units(key)
-    reserved = pools.reserved(pool, key, review.classes)
+    reserved = pools.reserved(pool, key, review.catalog)
     limit = budget[key] - carved - reserved
     if new.units(key) <= limit:
         return None
@@ -228,7 +228,7 @@ def holds_what_is_inside(review: DeclarationReview, key: str) -> Verdict | None:
     own, pools, new = review.own, review.pools, review.new
     pools.require_readable(own)
     carved = pools.carved_out(own, key)
-    reserved = pools.reserved(own, key, review.classes)
+    reserved = pools.reserved(own, key, review.catalog)
     if carved + reserved <= new.units(key):
         return None
     return Verdict(
@@ -259,9 +259,9 @@ def _gate(
     old: Tenant | None,
     pools: Pools,
     pool: str | None,
-    classes: tuple[ClassIdentity, ...],
+    catalog: Catalog,
 ) -> Verdict:
-    review = DeclarationReview(new, old, pools, pool, classes)
+    review = DeclarationReview(new, old, pools, pool, catalog)
     keys = sorted(k for k in new.declaration if is_budget_key(k))
     return first_denial(
         chain(

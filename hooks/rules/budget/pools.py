@@ -8,13 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from hooks.rules.budget.keys import is_budget_key
-from hooks.rules.budget.reservations import Reservation, classes_by_resource, reservation
+from hooks.rules.budget.reservations import Catalog, FailedClosed, Reservation, reservation
 from hooks.rules.budget.tenancy import App, Tenant, owner_of, parent_namespace
-from hooks.rules.classes import ClassIdentity
 
-
-class FailedClosed(Exception):
-    """An object this verdict's arithmetic needs could not be read."""
+__all__ = ["FailedClosed", "KeyUse", "Pools"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class Pools:
         self._carving: dict[str | None, dict[str, Tenant]] | None = None
         self._held: dict[int, Reservation] = {}
         self._reserved: dict[str, Counter[str]] = {}
-        self._held_under: tuple[ClassIdentity, ...] | None = None
+        self._held_under: Catalog | None = None
 
     def root(self, namespace: str | None) -> str | None:
         if namespace not in self._roots:
@@ -89,38 +86,33 @@ class Pools:
                 self._members.setdefault(self.root(app.namespace), []).append(app)
         return list(self._members.get(root, []))
 
-    def _under(self, classes: tuple[ClassIdentity, ...]) -> None:
-        """Each app's reservation under these classes, worked out once: every key of every pool
-        reads it (the same tuple throughout a verdict or a report)."""
-        if classes is not self._held_under:
-            owners = classes_by_resource(classes)
-            self._held = {id(a): reservation(a, owners) for a in self.apps}
-            self._reserved = {}
-            self._held_under = classes
-
-    def held(self, app: App, classes: tuple[ClassIdentity, ...]) -> Reservation:
-        """What one of these apps reserves under these classes."""
-        self._under(classes)
+    def held(self, app: App, catalog: Catalog) -> Reservation:
+        """What one of these apps reserves under this catalog, worked out once (the same catalog
+        throughout a verdict or a report), and only for the apps a pool's arithmetic reads: an
+        app that cannot be read fails closed only where it counts."""
+        if catalog is not self._held_under:
+            self._held, self._reserved, self._held_under = {}, {}, catalog
+        if id(app) not in self._held:
+            self._held[id(app)] = reservation(app, catalog)
         return self._held[id(app)]
 
-    def reserved(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> int:
+    def reserved(self, root: str, key: str, catalog: Catalog) -> int:
         """What the pool's members reserve of the key, summed once per pool for every key."""
-        self._under(classes)
-        if root not in self._reserved:
+        if catalog is not self._held_under or root not in self._reserved:
             total: Counter[str] = Counter()
             for app in self.members(root):
-                total.update(self._held[id(app)].keys)
+                total.update(self.held(app, catalog).keys)
             self._reserved[root] = total
         return self._reserved[root][key]
 
-    def key_use(self, root: str, key: str, classes: tuple[ClassIdentity, ...]) -> KeyUse:
+    def key_use(self, root: str, key: str, catalog: Catalog) -> KeyUse:
         """The pool's arithmetic for a key it declares, over the apps these pools were built on
         (the verdicts leave out the app under review; the report counts every app)."""
         return KeyUse(
             key,
             self.budget(root)[key],
             self.carved_out(root, key),
-            self.reserved(root, key, classes),
+            self.reserved(root, key, catalog),
         )
 
     def budget(self, root: str) -> dict[str, int]:

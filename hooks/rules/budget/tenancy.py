@@ -10,18 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from hooks.wire.cozystack import AppSpec
+from hooks.wire.cozystack import (
+    KUBERNETES,
+    KUBERNETES_NODES,
+    TENANT,
+    VM_INSTANCE,
+    AppSpec,
+    KubernetesSpec,
+    NodeGroupSpec,
+    VMSpec,
+    node_groups,
+)
 from hooks.wire.names import is_dns_label
+
+__all__ = ["KUBERNETES", "KUBERNETES_NODES", "TENANT", "VM_INSTANCE"]
 
 ROOT_NAMESPACE = "tenant-root"
 ROOT_TENANT = "root"
-VM_INSTANCE = "VMInstance"
-KUBERNETES_NODES = "KubernetesNodes"
-TENANT = "Tenant"
-# How Cozystack names an app's HelmRelease: the prefix of its kind, then the app's name.
-RELEASE_PREFIX = {VM_INSTANCE: "vm-instance-", KUBERNETES_NODES: "kubernetes-nodes-"}
+# How Cozystack names an app's HelmRelease: the prefix of its kind (its ApplicationDefinition's
+# `release.prefix`), then the app's name.
+RELEASE_PREFIX = {
+    VM_INSTANCE: "vm-instance-",
+    KUBERNETES_NODES: "kubernetes-nodes-",
+    KUBERNETES: "kubernetes-",
+}
 
 
 def parent_namespace(namespace: str | None) -> str | None:
@@ -113,21 +126,33 @@ class Tenant:
 
 
 @dataclass(frozen=True)
+class Group:
+    """VMs of one shape that an app may run: the resources its gpus entries name, the cluster
+    instance type it names (None: none), and how many such VMs it may run at once (a VM 1, a
+    worker pool max(maxReplicas, minReplicas): the autoscaler never goes below its minimum).
+    `size_problem` says why a pool's size could not be read (`replicas` is then 0): that fails
+    closed only where the group attaches a device."""
+
+    gpus: tuple[str, ...] = ()
+    instance_type: str | None = None
+    replicas: int = 1
+    size_problem: str | None = None
+
+
+@dataclass(frozen=True)
 class App:
-    """A VMInstance or KubernetesNodes app: its GPU entries (resource names), and for worker
-    pools their size bounds. `unreadable` says what could not be read of it. `name` is the app's
-    name ("" when its release does not say); `release` the name of its HelmRelease ("" for the
-    object under review): every release reserves on its own. A release with `values_from` is
-    unreadable too, and stays so when the app under review replaces its values: what it takes from
-    elsewhere is merged under the new values."""
+    """A VMInstance, a KubernetesNodes or a Kubernetes app: the groups of VMs it may run (one, or
+    a Kubernetes app's one per node group). `unreadable` says what could not be read of it.
+    `name` is the app's name ("" when its release does not say); `release` the name of its
+    HelmRelease ("" for the object under review): every release reserves on its own. A release
+    with `values_from` is unreadable too, and stays so when the app under review replaces its
+    values: what it takes from elsewhere is merged under the new values."""
 
     namespace: str
     kind: str
     name: str
-    gpus: tuple[str, ...] = ()
-    max_replicas: int | None = None
+    groups: tuple[Group, ...] = ()
     unreadable: str | None = None
-    min_replicas: int | None = None
     release: str = ""
     values_from: bool = False  # part of its values lives elsewhere (Flux's `spec.valuesFrom`)
     sized: bool = False  # its values set all its reservation reads (the object under review)
@@ -149,6 +174,19 @@ class App:
     def release_key(self) -> tuple[str, str]:
         """Its release's namespace and name, which tell one release from any other."""
         return (self.namespace, self.release)
+
+    @property
+    def where(self) -> str:
+        """The object to name in a message: its release, or the app under review."""
+        if self.release:
+            return f"HelmRelease {self.namespace}/{self.release}"
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def listed_as(self) -> str:
+        """The name it is listed under: the app's, else its release's (a release without the name
+        label)."""
+        return self.name or self.release
 
 
 @dataclass(frozen=True)
@@ -175,22 +213,38 @@ def app_from(
         namespace,
         kind,
         name,
+        groups_of(spec),
         unreadable=unreadable,
         release=release,
         values_from=values_from,
-        **_reservation_reads(spec),
     )
 
 
 def with_spec(app: App, spec: AppSpec) -> App:
     """The app with what another spec reserves (an update's old object: the baseline of growth
     of the app under review)."""
-    return replace(app, **_reservation_reads(spec))
+    return replace(app, groups=groups_of(spec))
 
 
-def _reservation_reads(spec: AppSpec) -> dict[str, Any]:
-    return {
-        "gpus": tuple(entry.name for entry in spec.gpus),
-        "max_replicas": spec.max_replicas,
-        "min_replicas": spec.min_replicas,
-    }
+def pool_size(max_replicas: int, min_replicas: int) -> int:
+    """How many VMs a worker pool may run at once: the autoscaler never goes below its
+    minimum."""
+    return max(max_replicas, min_replicas)
+
+
+def group_of(spec: VMSpec) -> Group:
+    """One VM's shape, or a worker pool's with its size."""
+    replicas = 1
+    if isinstance(spec, NodeGroupSpec):
+        replicas = pool_size(spec.max_replicas, spec.min_replicas)
+    return Group(
+        tuple(entry.name for entry in spec.gpus), spec.instance_type or None, replicas=replicas
+    )
+
+
+def groups_of(spec: AppSpec) -> tuple[Group, ...]:
+    """The groups of an app's spec: a Kubernetes app's node groups by name, else the one."""
+    if isinstance(spec, KubernetesSpec):
+        groups = node_groups(spec)
+        return tuple(group_of(groups[name]) for name in sorted(groups))
+    return (group_of(spec),)

@@ -11,12 +11,11 @@ people to read; the webhook never trusts it and reads fresh on every review.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hooks.rules.budget.pools import FailedClosed, KeyUse, Pools
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import Tenancy
-from hooks.rules.classes import ClassIdentity
 
 
 @dataclass(frozen=True)
@@ -46,27 +45,26 @@ class PoolUse:
         return tuple(use for use in self.keys if use.left < 0)
 
 
-def budget_usage(tenancy: Tenancy, classes: Iterable[ClassIdentity]) -> tuple[PoolUse, ...]:
+def budget_usage(tenancy: Tenancy, catalog: Catalog) -> tuple[PoolUse, ...]:
     """Every GPU budget pool of the tenancy, by the namespace its tenant owns."""
-    known = tuple(classes)
     pools = Pools(tenancy.tenants, tenancy.apps)
     return tuple(
-        use for root in sorted(pools.bounded) if (use := _pool_use(pools, root, known)) is not None
+        use
+        for root in sorted(pools.bounded)
+        if (use := _pool_use(pools, root, catalog)) is not None
     )
 
 
-def pool_usage(
-    tenancy: Tenancy, classes: Iterable[ClassIdentity], namespace: str
-) -> PoolUse | None:
+def pool_usage(tenancy: Tenancy, catalog: Catalog, namespace: str) -> PoolUse | None:
     """The pool of the tenant owning the namespace, as `budget_usage` gives it; None where that
     tenant is not bounded or declares no GPU key."""
     pools = Pools(tenancy.tenants, tenancy.apps)
     if namespace not in pools.bounded:
         return None
-    return _pool_use(pools, namespace, tuple(classes))
+    return _pool_use(pools, namespace, catalog)
 
 
-def _pool_use(pools: Pools, root: str, known: tuple[ClassIdentity, ...]) -> PoolUse | None:
+def _pool_use(pools: Pools, root: str, catalog: Catalog) -> PoolUse | None:
     tenant = pools.tenant(root).name or ""
     try:
         budget = pools.budget(root)
@@ -74,19 +72,19 @@ def _pool_use(pools: Pools, root: str, known: tuple[ClassIdentity, ...]) -> Pool
         return PoolUse(root, tenant, (), unreadable=str(problem))
     if not budget:
         return None  # bounded on other quotas only: no GPU budget to report
+    declared = sorted(budget)
     try:
         pools.require_readable(root)
+        keys = tuple(pools.key_use(root, key, catalog) for key in declared)
+        held = [(app, pools.held(app, catalog)) for app in pools.members(root)]
     except FailedClosed as problem:
         return PoolUse(root, tenant, (), unreadable=str(problem))
-    declared = sorted(budget)
-    keys = tuple(pools.key_use(root, key, known) for key in declared)
     apps = []
     unclassed: Counter[str] = Counter()
-    for app in pools.members(root):
-        held = pools.held(app, known)
-        units = tuple((key, held.get(key)) for key in declared if held.get(key))
+    for app, reserves in held:
+        units = tuple((key, reserves.get(key)) for key in declared if reserves.get(key))
         if units:
-            apps.append(AppUse(app.kind, app.namespace, app.name, units))
-        unclassed.update(held.unclassed)
+            apps.append(AppUse(app.kind, app.namespace, app.listed_as, units))
+        unclassed.update(reserves.unclassed)
     apps.sort(key=lambda a: (a.namespace, a.kind, a.name))
     return PoolUse(root, tenant, keys, tuple(apps), unclassed=tuple(sorted(unclassed.items())))

@@ -8,7 +8,8 @@ from dataclasses import replace
 from hooks.rules.budget.apps import AppCheck
 from hooks.rules.budget.declarations import check_declaration
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
-from hooks.rules.budget.tenancy import KUBERNETES_NODES, VM_INSTANCE, App, Tenant
+from hooks.rules.budget.reservations import Catalog
+from hooks.rules.budget.tenancy import KUBERNETES_NODES, VM_INSTANCE, App, Group, Tenant, pool_size
 from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.classes import ClassIdentity
 
@@ -17,6 +18,7 @@ CLASSES = (
     ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, L40S),
     ClassIdentity("h100", "2026-01-01T00:00:00Z", False, H100),
 )
+CATALOG = Catalog(CLASSES)
 L40S_KEY = class_key("l40s")
 A10 = "nvidia.com/NVIDIA_A10-24Q"  # a resource no class of CLASSES names
 UNREADABLE_VM = App(
@@ -39,25 +41,33 @@ def tenant(parent_ns: str, name: str, declaration: dict[str, int] | None = None)
     return Tenant(parent_ns, name, declaration or {})
 
 
-def vm(namespace: str, name: str, *gpus: str) -> App:
-    return App(namespace, VM_INSTANCE, name, tuple(gpus))
+def vm(namespace: str, name: str, *gpus: str, instance_type: str | None = None) -> App:
+    return App(namespace, VM_INSTANCE, name, (Group(tuple(gpus), instance_type),))
 
 
-def pool(namespace: str, name: str, *gpus: str, max_replicas: int | None = None) -> App:
-    return App(namespace, KUBERNETES_NODES, name, tuple(gpus), max_replicas)
+def pool(
+    namespace: str,
+    name: str,
+    *gpus: str,
+    max_replicas: int = 10,
+    min_replicas: int = 0,
+    instance_type: str | None = None,
+) -> App:
+    group = Group(tuple(gpus), instance_type, pool_size(max_replicas, min_replicas))
+    return App(namespace, KUBERNETES_NODES, name, (group,))
 
 
 def admit(
     new: App, apps: list[App], tenants: list[Tenant], old: App | None = None
 ) -> tuple[bool, str]:
-    verdict = AppCheck(new=new, old=old, apps=apps, tenants=tenants).verdict(CLASSES)
+    verdict = AppCheck(new=new, old=old, apps=apps, tenants=tenants).verdict(CATALOG)
     return verdict.allowed, verdict.message
 
 
 def gate(
     new: Tenant, tenants: list[Tenant], apps: list[App] = (), old: Tenant | None = None
 ) -> tuple[bool, str]:  # type: ignore[assignment]
-    verdict = check_declaration(new=new, old=old, apps=apps, tenants=tenants, classes=CLASSES)
+    verdict = check_declaration(new=new, old=old, apps=apps, tenants=tenants, catalog=CATALOG)
     return verdict.allowed, verdict.message
 
 
@@ -81,10 +91,10 @@ def check_app(
     old: App | None,
     apps: list[App],
     tenants: list[Tenant],
-    classes: tuple[ClassIdentity, ...],
+    catalog: Catalog,
     creating: bool | None = None,
 ) -> Verdict:
     """The app check's verdict in one call."""
     return AppCheck(new=new, old=old, apps=apps, tenants=tenants, creating=creating).verdict(
-        classes
+        catalog
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.pools import Pools
-from hooks.rules.budget.reservations import reservation
+from hooks.rules.budget.reservations import Catalog, reservation
 from hooks.rules.budget.tenancy import (
     VM_INSTANCE,
     App,
@@ -14,7 +14,7 @@ from hooks.rules.budget.tenancy import (
 from hooks.rules.budget.verdicts import FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
 from tests.rules.budget import (
-    CLASSES,
+    CATALOG,
     H100,
     L40S,
     L40S_KEY,
@@ -111,15 +111,15 @@ def test_rule_7_over_budget_pool_shrinking_and_unchanged_updates_pass_growth_fai
 
 
 def test_max_replicas_defaults_to_ten() -> None:
-    assert reservation(pool("ns", "p", L40S), CLASSES).keys == {L40S_KEY: 10, TOTAL_KEY: 10}
-    assert reservation(pool("ns", "p", L40S, H100, max_replicas=3), CLASSES).get(TOTAL_KEY) == 6
+    assert reservation(pool("ns", "p", L40S), CATALOG).keys == {L40S_KEY: 10, TOTAL_KEY: 10}
+    assert reservation(pool("ns", "p", L40S, H100, max_replicas=3), CATALOG).get(TOTAL_KEY) == 6
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 9})]
     assert not admit(pool("tenant-a", "p", L40S), [], tenants)[0]
     assert admit(pool("tenant-a", "p", L40S, max_replicas=9), [], tenants)[0]
 
 
 def test_max_replicas_zero_reserves_nothing() -> None:
-    assert reservation(pool("ns", "p", L40S, max_replicas=0), CLASSES).get(TOTAL_KEY) == 0
+    assert reservation(pool("ns", "p", L40S, max_replicas=0), CATALOG).get(TOTAL_KEY) == 0
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 0})]
     assert admit(pool("tenant-a", "p", L40S, max_replicas=0), [], tenants)[0]
 
@@ -139,13 +139,13 @@ def test_a_class_being_deleted_wins_no_resource_name() -> None:
         ClassIdentity("going", "2020-01-01T00:00:00Z", True, L40S),
         ClassIdentity("staying", "2026-01-01T00:00:00Z", False, L40S),
     )
-    assert reservation(vm("ns", "v", L40S), classes).keys == {
+    assert reservation(vm("ns", "v", L40S), Catalog(classes)).keys == {
         class_key("staying"): 1,
         TOTAL_KEY: 1,
     }
     tenants = [tenant("tenant-root", "a", {class_key("going"): 0, class_key("staying"): 1})]
     verdict = check_app(
-        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, classes=classes
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, catalog=Catalog(classes)
     )
     assert verdict.allowed, verdict.message
 
@@ -217,7 +217,7 @@ def test_unreadable_app_in_the_pool_denies_naming_object_and_field() -> None:
         "spec.values.gpus: expected a list, got null"
     )
     other = check_app(
-        new=vm("tenant-b", "v", L40S), old=None, apps=[legacy], tenants=tenants, classes=CLASSES
+        new=vm("tenant-b", "v", L40S), old=None, apps=[legacy], tenants=tenants, catalog=CATALOG
     )
     assert other.allowed and other.skipped == (legacy.unreadable,)
     # on UPDATE the app under review's own stored release is replaced by the new value, never
@@ -269,7 +269,7 @@ def test_an_app_several_releases_store_fails_closed_naming_the_first_two_in_a_po
     stored = [release_of(new, name) for name in ("vm-instance-v", "v-copy", "v-old")]
     tenants = [root(gpuclass__cozystack__io__devices=4), tenant("tenant-root", "a")]
     edit = vm("tenant-a", "v")
-    verdict = check_app(new=new, old=edit, apps=stored, tenants=tenants, classes=CLASSES)
+    verdict = check_app(new=new, old=edit, apps=stored, tenants=tenants, catalog=CATALOG)
     assert verdict == Verdict(
         False,
         "GPU budget check failed closed: HelmRelease tenant-a/v-copy and "
@@ -280,7 +280,7 @@ def test_an_app_several_releases_store_fails_closed_naming_the_first_two_in_a_po
 def test_without_a_pool_every_release_storing_the_app_is_read_and_its_problems_logged() -> None:
     new = vm("tenant-a", "v", L40S)
     stored = [release_of(new, "vm-instance-v"), release_of(new, "v-old", "v-old: unreadable")]
-    verdict = check_app(new=new, old=None, apps=stored, tenants=[root()], classes=CLASSES)
+    verdict = check_app(new=new, old=None, apps=stored, tenants=[root()], catalog=CATALOG)
     assert verdict == Verdict(True, "", skipped=("v-old: unreadable",))
 
 
@@ -302,7 +302,7 @@ def test_on_create_a_release_already_carrying_the_apps_identity_is_another_relea
     tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4}), tenant("tenant-root", "a")]
     creating = check_app(
         new=vm("tenant-a", "v", L40S, L40S), old=None, apps=[legacy], tenants=tenants,
-        classes=CLASSES, creating=True,
+        catalog=CATALOG, creating=True,
     )  # fmt: skip
     assert not creating.allowed and "2 reserved by other apps" not in creating.message
     assert "3 reserved by other apps" in creating.message
@@ -311,12 +311,12 @@ def test_on_create_a_release_already_carrying_the_apps_identity_is_another_relea
 def test_an_app_without_a_name_matches_no_release() -> None:
     """A CREATE under `generateName` (no name yet) took the one unlabelled release as itself and
     left its 3 devices uncounted; an update cannot have an empty name either."""
-    unlabelled = release_of(App("tenant-a", VM_INSTANCE, "", (L40S,) * 3), "vm-instance-legacy")
+    unlabelled = release_of(vm("tenant-a", "", *(L40S,) * 3), "vm-instance-legacy")
     tenants = [tenant("tenant-root", "root", {TOTAL_KEY: 4}), tenant("tenant-root", "a")]
     for creating in (True, False):
         verdict = check_app(
             new=vm("tenant-a", "", L40S, L40S), old=vm("tenant-a", ""), apps=[unlabelled],
-            tenants=tenants, classes=CLASSES, creating=creating,
+            tenants=tenants, catalog=CATALOG, creating=creating,
         )  # fmt: skip
         assert not verdict.allowed and "3 reserved by other apps" in verdict.message
 

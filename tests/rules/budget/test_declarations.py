@@ -8,6 +8,7 @@ import pytest
 
 from hooks.rules.budget.declarations import check_declaration, declaration_needs_input
 from hooks.rules.budget.keys import TOTAL_KEY, class_key, in_gpu_domain
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import (
     VM_INSTANCE,
     App,
@@ -18,6 +19,7 @@ from hooks.rules.classes import ClassIdentity
 from tests import ROOT
 from tests.rules.budget import (
     A10,
+    CATALOG,
     CLASSES,
     H100,
     L40S,
@@ -163,7 +165,7 @@ def test_malformed_quota_denies_only_the_verdicts_that_read_it() -> None:
         tenant("tenant-x", "y", {TOTAL_KEY: 1}),
     ]
     verdict = check_app(
-        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, classes=CLASSES
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=tenants, catalog=CATALOG
     )
     assert verdict.allowed
     assert verdict.skipped == (tenants[1].unreadable,)
@@ -230,7 +232,7 @@ def test_documented_denials_are_what_the_rules_say() -> None:
         claims: list[Tenant] = tenants,
         old: App | None = None,
     ) -> Verdict:
-        return check_app(new=new, old=old, apps=apps, tenants=claims, classes=classes)
+        return check_app(new=new, old=old, apps=apps, tenants=claims, catalog=Catalog(classes))
 
     def declare(
         new: Tenant,
@@ -238,7 +240,9 @@ def test_documented_denials_are_what_the_rules_say() -> None:
         others: list[Tenant] = tenants,
         apps: list[App] = [render],  # noqa: B006
     ) -> Verdict:
-        return check_declaration(new=new, old=old, apps=apps, tenants=others, classes=classes)
+        return check_declaration(
+            new=new, old=old, apps=apps, tenants=others, catalog=Catalog(classes)
+        )
 
     unbudgeted = tenant("tenant-root", "acme", {"requests.cpu": 4})
     unclassed = vm("tenant-acme", "old", *["nvidia.com/A10"] * 3)
@@ -270,7 +274,7 @@ def test_documented_denials_are_what_the_rules_say() -> None:
             old=None,
             apps=[],
             tenants=[*tenants[:2], replace(lab, release="lab-old")],
-            classes=classes,
+            catalog=Catalog(classes),
             creating=True,
         ),
         app(
@@ -295,7 +299,7 @@ def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> 
     broken = broken_tenant("tenant-root", "x")
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 1}), broken]
     verdict = check_app(
-        new=vm("tenant-a", "v", L40S, L40S), old=None, apps=[], tenants=tenants, classes=CLASSES
+        new=vm("tenant-a", "v", L40S, L40S), old=None, apps=[], tenants=tenants, catalog=CATALOG
     )
     assert not verdict.allowed and "needs 2" in verdict.message
     assert verdict.skipped == (broken.unreadable,)
@@ -304,7 +308,7 @@ def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> 
         old=None,
         apps=[],
         tenants=tenants,
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert not declared.allowed and declared.skipped == (broken.unreadable,)
 
@@ -322,7 +326,7 @@ def test_messages_list_every_unmapped_entry_and_every_stray_key() -> None:
         old=None,
         apps=[],
         tenants=[],
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert refused.allowed is False
     assert refused.message.startswith(
@@ -333,7 +337,7 @@ def test_messages_list_every_unmapped_entry_and_every_stray_key() -> None:
 def test_verdicts_are_booleans() -> None:
     broken = broken_tenant("tenant-root", "a")
     verdict = check_app(
-        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=[broken], classes=CLASSES
+        new=vm("tenant-a", "v", L40S), old=None, apps=[], tenants=[broken], catalog=CATALOG
     )
     assert verdict.allowed is False and verdict.message.startswith(
         "GPU budget check failed closed: "
@@ -343,7 +347,7 @@ def test_verdicts_are_booleans() -> None:
         old=None,
         apps=[],
         tenants=[],
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert typo.allowed is False
 
@@ -355,7 +359,7 @@ def test_declaration_gate_says_when_the_pool_can_give_nothing() -> None:
         old=None,
         apps=[vm("tenant-a", "v", L40S, L40S)],
         tenants=tenants,
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert verdict.allowed is False
     assert verdict.message == (
@@ -376,7 +380,7 @@ def test_declaration_gate_checks_only_keys_that_grow() -> None:
         old=tenants[1],
         apps=apps,
         tenants=tenants,
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert verdict.allowed is True, verdict.message
 
@@ -387,7 +391,7 @@ def test_declaration_refused_names_the_first_value_that_does_not_parse() -> None
         old=None,
         apps=[],
         tenants=[],
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert verdict.allowed is False
     assert verdict.message == (
@@ -403,7 +407,7 @@ def test_the_floor_fails_closed_only_when_a_declaration_is_new_or_lowered() -> N
     def declare(declaration: dict[str, int]) -> Verdict:
         new = tenant("tenant-root", "a", declaration)
         return check_declaration(
-            new=new, old=a, apps=[unreadable], tenants=tenants, classes=CLASSES
+            new=new, old=a, apps=[unreadable], tenants=tenants, catalog=CATALOG
         )
 
     lowered = declare({TOTAL_KEY: 3, "requests.cpu": 1})
@@ -420,7 +424,7 @@ def test_bounding_a_key_is_refused_while_a_bounded_sub_tenant_leaves_it_out() ->
         old=before,
         apps=[],
         tenants=tenants,
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert verdict == Verdict(
         False,
@@ -439,7 +443,7 @@ def test_a_sub_tenant_that_declares_the_key_does_not_hold_its_parent_back() -> N
         old=tenants[0],
         apps=[],
         tenants=tenants,
-        classes=CLASSES,
+        catalog=CATALOG,
     )
     assert verdict.allowed is True, verdict.message
 
@@ -508,7 +512,7 @@ def test_a_new_gpu_bound_is_refused_while_its_namespaces_hold_devices_no_class_n
     a10 = ClassIdentity("a10", "2026-03-01T00:00:00Z", False, A10)
     classed = check_declaration(
         new=bound, old=tenant("tenant-root", "a"), apps=held, tenants=tenants,
-        classes=(*CLASSES, a10),
+        catalog=Catalog((*CLASSES, a10)),
     )  # fmt: skip
     assert not classed.allowed and "4 are held inside it already" in classed.message
 
@@ -530,7 +534,7 @@ def test_on_create_a_tenant_whose_namespace_another_release_claims_is_refused() 
     tenants = [root(), tenant("tenant-root", "acme", {TOTAL_KEY: 4}), lab_old]
     verdict = check_declaration(
         new=tenant("tenant-acme", "lab", {TOTAL_KEY: 1}), old=None, apps=[], tenants=tenants,
-        classes=CLASSES, creating=True,
+        catalog=CATALOG, creating=True,
     )  # fmt: skip
     assert verdict == Verdict(
         False,

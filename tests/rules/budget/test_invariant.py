@@ -2,8 +2,12 @@
 
 For every pool P and budget key K it declares: reservations of P's members + carve-outs of the
 bounded tenants in P <= P's budget for K. Starting from a consistent tree, random CREATE and UPDATE
-operations of Tenants, VMInstances and KubernetesNodes go through the webhook's own review
-functions and are applied only when admitted; the invariant is checked after every step.
+operations of Tenants, VMInstances, KubernetesNodes and Kubernetes apps go through the webhook's own
+review functions and are applied only when admitted; the invariant is checked after every step.
+Apps attach devices through their gpus entries and through the cluster instance types they name
+(absent: Cozystack's default `u1.medium`), worker pools and each node group times their size; the
+webhook reads every release as Cozystack's API writes it (`valuesFrom` the platform's values
+Secret, values as sent, no defaults stored).
 
 The model below is written apart from `hooks.rules.budget` on purpose: it states the invariant and
 what a consistent tree is, and the webhook must agree with it on every verdict. A false denial (the
@@ -24,10 +28,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hooks.controllers.budget import review_app, review_tenant
+from hooks.rules.budget.instance_types import catalog_of
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest
+from tests import cozystack
 from tests.builders import scoped_tenancy
 from tests.profiles import examples
 
@@ -41,6 +48,62 @@ TOTAL = "gpuclass.cozystack.io/devices"
 BUDGET_KEYS = (TOTAL, *CLASS_OF.values())
 QUOTA_KEYS = (*BUDGET_KEYS, "requests.cpu")
 NAMES = ("a", "b", "c", "d", "e", "f")
+PLATFORM_VALUES = "cozystack-values"
+# The cluster instance types of the model and what each attaches: Cozystack's default, which
+# attaches nothing, and two a hoster defined. An instance type no object names attaches nothing.
+INSTANCE_TYPES: dict[str, tuple[str, ...]] = {
+    "u1.medium": (),
+    "gpu.l40s": (L40S,),
+    "gpu.mixed": (L40S, H100),
+}
+DEFAULTS = {"instanceType": "u1.medium", "maxReplicas": 10, "minReplicas": 0}
+
+
+def instance_type_objects(attaches: dict[str, tuple[str, ...]]) -> list[msgspec.Raw]:
+    return [
+        msgspec.Raw(
+            json.dumps(
+                {
+                    "apiVersion": "instancetype.kubevirt.io/v1beta1",
+                    "kind": "VirtualMachineClusterInstancetype",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "gpus": [
+                            {"name": f"gpu{i}", "deviceName": d} for i, d in enumerate(devices)
+                        ]
+                    },
+                }
+            ).encode()
+        )
+        for name, devices in attaches.items()
+    ]
+
+
+CATALOG = catalog_of(CLASSES, instance_type_objects(INSTANCE_TYPES))
+
+
+def vm_shapes(kind: str, spec: dict[str, Any]) -> list[tuple[list[str], int]]:
+    """What each VM of an app attaches, and how many such VMs it may run, read from the spec as
+    sent with the schema's defaults for what it leaves out; a Kubernetes app with no node groups
+    runs the default `md0` (no gpus, `u1.medium`)."""
+
+    def one(values: dict[str, Any]) -> list[str]:
+        devices = [g["name"] for g in values.get("gpus") or []]
+        instance_type = values.get("instanceType", DEFAULTS["instanceType"])
+        return devices + list(INSTANCE_TYPES.get(instance_type, ()) if instance_type else ())
+
+    def size(values: dict[str, Any]) -> int:
+        return max(
+            values.get("maxReplicas", DEFAULTS["maxReplicas"]),
+            values.get("minReplicas", DEFAULTS["minReplicas"]),
+        )
+
+    if kind == "VMInstance":
+        return [(one(spec), 1)]
+    if kind == "KubernetesNodes":
+        return [(one(spec), size(spec))]
+    groups = spec.get("nodeGroups") or {"md0": {}}
+    return [(one(group), size(group)) for group in groups.values()]
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -70,6 +133,11 @@ class Releases:
         ]
 
 
+def stored(release: dict[str, Any]) -> Tenant | App:
+    """A release as the webhook reads it from the API server."""
+    return release_object(msgspec.Raw(json.dumps(release).encode()), PLATFORM_VALUES)
+
+
 def own_namespace(release_namespace: str, name: str) -> str:
     if release_namespace == "tenant-root":
         return "tenant-root" if name == "root" else f"tenant-{name}"
@@ -87,17 +155,15 @@ def parent_of(namespace: str) -> str | None:
 class Cluster:
     # (release namespace, name) -> resourceQuotas in devices
     tenants: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
-    # (namespace, kind, name) -> (gpus, maxReplicas)
-    apps: dict[tuple[str, str, str], tuple[tuple[str, ...], int | None]] = field(
-        default_factory=dict
-    )
+    # (namespace, kind, name) -> the app's spec as sent
+    apps: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
 
     def copy(self) -> Cluster:
         return Cluster(dict(self.tenants), dict(self.apps))
 
     # What the webhook reads.
-    def classes(self) -> list[ClassIdentity]:
-        return list(CLASSES)
+    def catalog(self) -> Catalog:
+        return CATALOG
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         # The webhook's own way of reading only the pools a review is about: a release it failed
@@ -105,14 +171,16 @@ class Cluster:
         return scoped_tenancy(Releases(self), namespaces, subtrees)
 
     def everything(self) -> Tenancy:
+        tenants = (
+            stored(cozystack.helmrelease("Tenant", r, n, {"resourceQuotas": d} if d else {}))
+            for (r, n), d in self.tenants.items()
+        )
+        apps = (
+            stored(cozystack.helmrelease(k, ns, n, spec)) for (ns, k, n), spec in self.apps.items()
+        )
         return Tenancy(
-            tuple(
-                Tenant(r, n, dict(d), release=f"tenant-{n}") for (r, n), d in self.tenants.items()
-            ),
-            tuple(
-                App(ns, k, n, g, m, release=f"{k.lower()}-{n}")
-                for (ns, k, n), (g, m) in self.apps.items()
-            ),
+            tuple(t for t in tenants if isinstance(t, Tenant)),
+            tuple(a for a in apps if isinstance(a, App)),
         )
 
     # The invariant, stated from scratch.
@@ -134,13 +202,11 @@ class Cluster:
     def held(self, pool: str, key: str) -> int:
         """Reservations of the pool's members plus the carve-outs of bounded tenants in it."""
         total = 0
-        for (namespace, kind, _), (gpus, max_replicas) in self.apps.items():
+        for (namespace, kind, _), spec in self.apps.items():
             if self.pool_of(namespace) == pool:
-                times = 1
-                if kind == "KubernetesNodes":
-                    times = 10 if max_replicas is None else max_replicas
-                per_key = Counter(CLASS_OF[g] for g in gpus)
-                total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
+                for devices, times in vm_shapes(kind, spec):
+                    per_key = Counter(CLASS_OF[g] for g in devices)
+                    total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
         for namespace, declared in self.declarations().items():
             if namespace != pool and self.pool_of(parent_of(namespace)) == pool:
                 total += declared.get(key, 0)
@@ -205,8 +271,8 @@ def trees(draw: st.DrawFn) -> Cluster:
     namespaces = [own_namespace(r, n) for r, n in cluster.tenants]
     for index in range(draw(st.integers(0, 4))):
         namespace = draw(st.sampled_from(namespaces))
-        kind, gpus, replicas = draw(app_specs())
-        cluster.apps[(namespace, kind, f"app{index}")] = (gpus, replicas)
+        kind, spec = draw(app_specs())
+        cluster.apps[(namespace, kind, f"app{index}")] = spec
     root_quota = {"requests.cpu": 0}
     for key in draw(st.lists(st.sampled_from(BUDGET_KEYS), min_size=1, unique=True)):
         # Consistent by construction: only the root is bounded, and holds what is reserved.
@@ -217,22 +283,36 @@ def trees(draw: st.DrawFn) -> Cluster:
     return cluster
 
 
+def vm_values(draw: st.DrawFn, pool: bool) -> dict[str, Any]:
+    """A VM's or a pool's values as a tenant sends them: any field may be left out."""
+    values: dict[str, Any] = {}
+    if draw(st.integers(0, 3)):
+        values["gpus"] = [
+            {"name": g} for g in draw(st.lists(st.sampled_from((L40S, H100)), max_size=3))
+        ]
+    instance_type = draw(st.sampled_from((None, "u1.medium", "gpu.l40s", "gpu.mixed", "absent")))
+    if instance_type != "absent":
+        values["instanceType"] = instance_type or ""
+    if pool:
+        for field_name in ("maxReplicas", "minReplicas"):
+            if draw(st.booleans()):
+                values[field_name] = draw(st.integers(0, 3))
+    return values
+
+
 @st.composite
-def app_specs(draw: st.DrawFn) -> tuple[str, tuple[str, ...], int | None]:
-    kind = draw(st.sampled_from(("VMInstance", "KubernetesNodes")))
-    gpus = tuple(draw(st.lists(st.sampled_from((L40S, H100)), max_size=3)))
-    replicas = draw(st.none() | st.integers(0, 3)) if kind == "KubernetesNodes" else None
-    return kind, gpus, replicas
+def app_specs(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    kind = draw(st.sampled_from(("VMInstance", "KubernetesNodes", "Kubernetes")))
+    if kind != "Kubernetes":
+        return kind, vm_values(draw, kind == "KubernetesNodes")
+    spec: dict[str, Any] = {}
+    if draw(st.booleans()):
+        names = draw(st.lists(st.sampled_from(("md0", "gpu", "big")), max_size=2, unique=True))
+        spec["nodeGroups"] = {name: vm_values(draw, True) for name in names}
+    return kind, spec
 
 
 declarations = st.dictionaries(st.sampled_from(QUOTA_KEYS), st.integers(0, 12), max_size=4)
-
-
-def app_body(gpus: tuple[str, ...], replicas: int | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"gpus": [{"name": g} for g in gpus]}
-    if replicas is not None:
-        spec["maxReplicas"] = replicas
-    return spec
 
 
 def step(cluster: Cluster, data: st.DataObject) -> tuple[bool, str, Cluster]:
@@ -242,13 +322,12 @@ def step(cluster: Cluster, data: st.DataObject) -> tuple[bool, str, Cluster]:
     what = data.draw(st.sampled_from(("declare", "new tenant", "app", "app")))
     if what == "app":
         namespace = data.draw(st.sampled_from(namespaces))
-        kind, gpus, replicas = data.draw(app_specs())
+        kind, spec = data.draw(app_specs())
         name = data.draw(st.sampled_from(("v1", "v2", "p1")))
-        previous = cluster.apps.get((namespace, kind, name))
-        old = app_body(*previous) if previous else None
-        body = request(kind, namespace, name, app_body(gpus, replicas), old)
+        old = cluster.apps.get((namespace, kind, name))
+        body = request(kind, namespace, name, spec, old)
         verdict = review_app(decode(body), cluster).verdict
-        after.apps[(namespace, kind, name)] = (gpus, replicas)
+        after.apps[(namespace, kind, name)] = spec
     else:
         if what == "declare":
             release, name = data.draw(st.sampled_from(sorted(cluster.tenants)))
@@ -298,7 +377,6 @@ def test_pool_invariant_holds_after_every_admitted_operation(
 # a pool declares the pool's keys.
 
 KIND_LABEL, NAME_LABEL = "apps.cozystack.io/application.kind", "apps.cozystack.io/application.name"
-PREFIX = {"Tenant": "tenant", "VMInstance": "vm-instance", "KubernetesNodes": "kubernetes-nodes"}
 SLASHLESS = ("gpuclass.cozystack.io", "l40s.gpuclass.cozystack.io")
 
 
@@ -324,14 +402,22 @@ class Release:
     hidden: dict[str, Any] | None = None
 
     def raw(self) -> msgspec.Raw:
-        labels = {KIND_LABEL: self.kind}
-        if self.label is not None:
-            labels[NAME_LABEL] = self.label
-        body = {"metadata": {"name": self.name, "namespace": self.namespace, "labels": labels}}
-        spec: dict[str, Any] = {"values": self.values}
+        """As Cozystack's API writes it, the name label as migrations left it."""
+        release = cozystack.helmrelease(
+            self.kind,
+            self.namespace,
+            self.label or "",
+            self.values,
+            name_label=self.label is not None,
+            release_name=self.name,
+        )
+        if self.label == "":
+            release["metadata"]["labels"][NAME_LABEL] = ""
         if self.hidden is not None:
-            spec["valuesFrom"] = [{"kind": "ConfigMap", "name": f"{self.name}-values"}]
-        return msgspec.Raw(json.dumps({**body, "spec": spec}).encode())
+            release["spec"]["valuesFrom"].append(
+                {"kind": "ConfigMap", "name": f"{self.name}-values"}
+            )
+        return msgspec.Raw(json.dumps(release).encode())
 
     @property
     def effective(self) -> dict[str, Any]:
@@ -364,20 +450,24 @@ class LegacyReleases:
 
     def tenants(self, release_namespace: str, names: Sequence[str]) -> list[Tenant | App]:
         return [
-            release_object(r.raw())
+            release_object(r.raw(), PLATFORM_VALUES)
             for r in self.releases
             if r.namespace == release_namespace and r.kind == "Tenant" and r.label in names
         ]
 
     def unnamed(self, release_namespace: str) -> list[Tenant | App]:
         return [
-            release_object(r.raw())
+            release_object(r.raw(), PLATFORM_VALUES)
             for r in self.releases
             if r.namespace == release_namespace and r.kind == "Tenant" and not r.label
         ]
 
     def namespace(self, namespace: str) -> list[Tenant | App]:
-        return [release_object(r.raw()) for r in self.releases if r.namespace == namespace]
+        return [
+            release_object(r.raw(), PLATFORM_VALUES)
+            for r in self.releases
+            if r.namespace == namespace
+        ]
 
 
 @dataclass(frozen=True)
@@ -389,6 +479,9 @@ class LegacyCluster:
     def classes(self) -> list[ClassIdentity]:
         l40s = () if self.l40s is None else (replace(CLASSES[0], resource_name=self.l40s),)
         return [*l40s, *CLASSES[1:], *([A10_CLASS] if self.classed_a10 else [])]
+
+    def catalog(self) -> Catalog:
+        return catalog_of(self.classes(), instance_type_objects(INSTANCE_TYPES))
 
     def key_of(self, resource: str) -> str | None:
         """The key a device counts under besides the total, None for a resource no class
@@ -425,14 +518,10 @@ class LegacyCluster:
         for release in self.releases:
             if release.kind == "Tenant" or self.pool_of(release.namespace) != pool:
                 continue
-            values = release.effective
-            times = 1
-            if release.kind == "KubernetesNodes":
-                most = values.get("maxReplicas")
-                times = max(10 if most is None else most, values.get("minReplicas") or 0)
-            per_key = Counter(self.key_of(g["name"]) for g in values.get("gpus", []))
-            # devices of no class count under the total key alone
-            total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
+            for devices, times in vm_shapes(release.kind, release.effective):
+                per_key = Counter(self.key_of(device) for device in devices)
+                # devices of no class count under the total key alone
+                total += times * (sum(per_key.values()) if key == TOTAL else per_key[key])
         for namespace, claimed in self.claims().items():
             if namespace != pool and self.pool_of(parent_of(namespace)) == pool:
                 total += sum(int(quotas.get(key, 0)) for quotas in claimed)
@@ -498,6 +587,20 @@ class AppOperation:
     max_replicas: int | None = None
     min_replicas: int | None = None
     create: bool = False
+    instance_type: str | None = None  # None: left out (the default, `u1.medium`)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The spec as the tenant sends it, and Cozystack stores it."""
+        values: dict[str, Any] = {"gpus": [{"name": g} for g in self.gpus]}
+        for field_name, value in (
+            ("instanceType", self.instance_type),
+            ("maxReplicas", self.max_replicas),
+            ("minReplicas", self.min_replicas),
+        ):
+            if value is not None:
+                values[field_name] = value
+        return values
 
 
 @dataclass(frozen=True)
@@ -535,19 +638,15 @@ def apply(
     if isinstance(operation, AppOperation) and not operation.name:
         # generateName: reviewed without a name, stored under the one the API server makes
         generated = f"gen{len(cluster.releases)}"
-        spec = app_body(operation.gpus, operation.max_replicas)
+        spec = operation.values
         body = request(operation.kind, operation.namespace, "", spec, None)
         allowed = review_app(decode(body), cluster).verdict.allowed
-        release = f"{PREFIX[operation.kind]}-{generated}"
+        release = cozystack.release_prefix(operation.kind) + generated
         made = Release(operation.namespace, release, operation.kind, generated, spec)
         return allowed, replace(cluster, releases=(*cluster.releases, made))
     if isinstance(operation, AppOperation):
         kind, namespace, name = operation.kind, operation.namespace, operation.name
-        values: dict[str, Any] = {"gpus": [{"name": g} for g in operation.gpus]}
-        if operation.max_replicas is not None:
-            values["maxReplicas"] = operation.max_replicas
-        if operation.min_replicas is not None:
-            values["minReplicas"] = operation.min_replicas
+        values = operation.values
         stored = [
             r for r in cluster.releases if (r.namespace, r.kind, r.label) == (namespace, kind, name)
         ]
@@ -559,7 +658,7 @@ def apply(
             for r in cluster.releases
             if r.kind == "Tenant" and r.namespace == namespace and claimed_tenant(r) == name
         ]
-    release_name = f"{PREFIX[kind]}-{name}"
+    release_name = cozystack.release_prefix(kind) + name
     written = [r for r in cluster.releases if (r.namespace, r.name) == (namespace, release_name)]
     creating = isinstance(operation, AppOperation) and operation.create and not written
     old = None if creating else (written or stored or [None])[0]
@@ -572,7 +671,7 @@ def apply(
     else:
         releases = (
             *cluster.releases,
-            Release(namespace, f"{PREFIX[kind]}-{name}", kind, name, values),
+            Release(namespace, release_name, kind, name, values),
         )
     return allowed, replace(cluster, releases=releases)
 
@@ -590,14 +689,16 @@ def legacy_clusters(draw: st.DrawFn) -> LegacyCluster:
         namespaces = sorted(own_namespace(r, n) for r, n in tree.tenants)
         for index in range(draw(st.integers(1, 3))):
             where = draw(st.sampled_from(namespaces))
-            tree.apps[(where, "VMInstance", f"unclassed{index}")] = ((A10,) * (index + 1), None)
+            tree.apps[(where, "VMInstance", f"unclassed{index}")] = {
+                "gpus": [{"name": A10}] * (index + 1)
+            }
     releases = [
         Release(r, f"tenant-{n}", "Tenant", n, {"resourceQuotas": q} if q else {})
         for (r, n), q in tree.tenants.items()
     ]
     releases += [
-        Release(ns, f"{PREFIX[k]}-{n}", k, n, app_body(g, m))
-        for (ns, k, n), (g, m) in tree.apps.items()
+        Release(ns, cozystack.release_prefix(k) + n, k, n, spec)
+        for (ns, k, n), spec in tree.apps.items()
     ]
     damaged = []
     for release in releases:
@@ -637,7 +738,10 @@ def operations(draw: st.DrawFn) -> AppOperation | TenantOperation | ClassOperati
             most = draw(st.none() | st.integers(0, 3))
             least = draw(st.none() | st.integers(0, 4))
         name = draw(st.sampled_from(("v1", "p1", "app0", "unclassed0", "")))
-        return AppOperation(namespace, kind, name, gpus, most, least, draw(st.booleans()))
+        instance_type = draw(st.sampled_from((None, "u1.medium", "gpu.l40s", "gpu.mixed")))
+        return AppOperation(
+            namespace, kind, name, gpus, most, least, draw(st.booleans()), instance_type
+        )
     keys = st.sampled_from((*QUOTA_KEYS, A10_KEY, *SLASHLESS))
     quotas = draw(st.dictionaries(keys, st.integers(0, 12), max_size=4))
     return TenantOperation(namespace, draw(st.sampled_from(NAMES)), quotas)

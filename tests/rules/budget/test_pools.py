@@ -8,7 +8,7 @@ from hooks.rules.budget.tenancy import (
     Tenant,
 )
 from tests.rules.budget import (
-    CLASSES,
+    CATALOG,
     L40S,
     root,
     tenant,
@@ -50,7 +50,7 @@ def test_a_namespace_no_tenant_release_names_is_in_no_pool() -> None:
     assert pools.root("tenant-a-gone") is None
     assert pools.root("tenant-a-gone-sub") is None
     assert pools.members("tenant-a") == []
-    assert pools.key_use("tenant-a", TOTAL_KEY, CLASSES).left == 4
+    assert pools.key_use("tenant-a", TOTAL_KEY, CATALOG).left == 4
 
 
 def test_pools_read_tenants_given_as_a_generator_whole() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
-from hooks.rules.budget.reservations import cannot_grow, reservation
+from hooks.rules.budget.reservations import Catalog, cannot_grow, reservation
 from hooks.rules.classes import ClassIdentity
 from tests.rules.budget import (
     CLASSES,
@@ -20,7 +20,10 @@ def test_the_oldest_class_wins_a_shared_resource_name() -> None:
         ClassIdentity("a-newer", "2026-06-01T00:00:00Z", False, L40S),
         ClassIdentity("z-older", "2025-06-01T00:00:00Z", False, L40S),
     )
-    assert reservation(vm("ns", "v", L40S), classes).keys == {class_key("z-older"): 1, TOTAL_KEY: 1}
+    assert reservation(vm("ns", "v", L40S), Catalog(classes)).keys == {
+        class_key("z-older"): 1,
+        TOTAL_KEY: 1,
+    }
 
 
 def test_reviews_that_cannot_grow_need_no_input() -> None:

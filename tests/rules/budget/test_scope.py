@@ -4,10 +4,13 @@ reader's (tests/kubeapi/test_budget_reader.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from tests.builders import GPU
+from tests.rules.budget import vm as gpu_vm
 
 ROOT = Tenant("tenant-root", "root", {}, release="tenant-root")
 
@@ -46,7 +49,7 @@ def tenant(where: str, name: str, declaration: dict[str, int | None] | None = No
 
 
 def vm(namespace: str, name: str) -> App:
-    return App(namespace, "VMInstance", name, (GPU,), release=name)
+    return replace(gpu_vm(namespace, name, GPU), release=name)
 
 
 def test_a_namespace_whose_parent_cannot_exist_is_never_read() -> None:

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.budget.usage import AppUse, PoolUse, budget_usage, pool_usage
 from tests.profiles import examples
+from tests.rules.budget import vm
 from tests.rules.budget.test_invariant import (
     BUDGET_KEYS,
-    CLASSES,
+    CATALOG,
     L40S,
     TOTAL,
     Cluster,
@@ -83,15 +84,15 @@ def test_one_pools_usage_is_that_pool_in_every_pools(cluster: Cluster) -> None:
     """A pool's report computes its own pool alone: the same figures, and none for a namespace
     whose tenant has no GPU budget (or that no tenant owns)."""
     tenancy = cluster.everything()
-    every = {pool.namespace: pool for pool in budget_usage(tenancy, CLASSES)}
+    every = {pool.namespace: pool for pool in budget_usage(tenancy, CATALOG)}
     namespaces = {tenant.owned_namespace for tenant in tenancy.tenants} | {"tenant-nobody"}
     for namespace in sorted(n for n in namespaces if n is not None):
-        assert pool_usage(tenancy, CLASSES, namespace) == every.get(namespace)
+        assert pool_usage(tenancy, CATALOG, namespace) == every.get(namespace)
 
 
 @over_grown_trees
 def test_every_pools_figures_are_the_models_over_budget_ones_included(cluster: Cluster) -> None:
-    report = {pool.namespace: pool for pool in budget_usage(cluster.everything(), CLASSES)}
+    report = {pool.namespace: pool for pool in budget_usage(cluster.everything(), CATALOG)}
     expected = {
         namespace: declared
         for namespace, declared in cluster.declarations().items()
@@ -137,7 +138,7 @@ def test_a_legacy_clusters_pools_have_the_models_figures_or_are_reported_unreada
         tuple(o for o in objects if isinstance(o, App)),
     )
     budgets = cluster.budgets()
-    for pool in budget_usage(tenancy, cluster.classes()):
+    for pool in budget_usage(tenancy, cluster.catalog()):
         if pool.unreadable is not None:
             assert pool.keys == () and pool.apps == ()
             continue
@@ -154,12 +155,12 @@ def test_a_pool_lists_the_apps_that_reserve_and_what_each_reserves_of_its_keys()
             Tenant("tenant-acme", "lab", {TOTAL: 1, "l40s.gpuclass.cozystack.io/devices": 0}),
         ),
         (
-            App("tenant-acme", "VMInstance", "render", (L40S, L40S)),
-            App("tenant-acme", "VMInstance", "idle", ()),
-            App("tenant-other", "VMInstance", "elsewhere", (L40S,)),
+            vm("tenant-acme", "render", L40S, L40S),
+            vm("tenant-acme", "idle"),
+            vm("tenant-other", "elsewhere", L40S),
         ),
     )
-    [acme, lab] = budget_usage(tenancy, CLASSES)
+    [acme, lab] = budget_usage(tenancy, CATALOG)
     assert acme == PoolUse(
         "tenant-acme",
         "acme",
@@ -181,12 +182,12 @@ def test_a_pool_lists_the_apps_that_reserve_and_what_each_reserves_of_its_keys()
 
 
 def test_a_pool_whose_arithmetic_reads_an_unreadable_release_has_no_figures() -> None:
-    broken = App("tenant-acme", "VMInstance", "legacy", (), unreadable="HelmRelease x: no gpus")
+    broken = App("tenant-acme", "VMInstance", "legacy", unreadable="HelmRelease x: no gpus")
     tenancy = Tenancy(
         (Tenant("tenant-root", "root", {}), Tenant("tenant-root", "acme", {TOTAL: 4})),
         (broken,),
     )
-    [acme] = budget_usage(tenancy, CLASSES)
+    [acme] = budget_usage(tenancy, CATALOG)
     assert acme == PoolUse("tenant-acme", "acme", (), (), "HelmRelease x: no gpus")
 
 
@@ -195,4 +196,4 @@ def test_a_tenant_bounded_on_other_quotas_only_has_no_gpu_budget_to_report() -> 
         (Tenant("tenant-root", "root", {}), Tenant("tenant-root", "acme", {"requests.cpu": 4})),
         (),
     )
-    assert budget_usage(tenancy, CLASSES) == ()
+    assert budget_usage(tenancy, CATALOG) == ()
