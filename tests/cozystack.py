@@ -17,6 +17,7 @@ rules as every other kind, with the prefix the budgets name (`kubernetes-nodes-`
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -148,9 +149,10 @@ def helmrelease(
     labels[GROUP_LABEL] = APPS_GROUP
     if name_label:
         labels[NAME_LABEL] = name
-    spec: dict[str, Any] = {"valuesFrom": [platform_values()], "values": values}
+    spec: dict[str, Any] = {"valuesFrom": [dict(platform_values())], "values": values}
     if kind != "KubernetesNodes":
-        spec = {"chartRef": application_definition(kind)["spec"]["release"]["chartRef"], **spec}
+        chart = application_definition(kind)["spec"]["release"]["chartRef"]
+        spec = {"chartRef": copy.deepcopy(chart), **spec}
     return {
         "apiVersion": "helm.toolkit.fluxcd.io/v2",
         "kind": "HelmRelease",

@@ -23,7 +23,7 @@ from hooks.rules.budget.subtrees import top_level_namespace
 from hooks.serving.app import create_app, settings_metrics
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
-from hooks.wire.metacontroller import LabelSelector, Requirement
+from hooks.wire.metacontroller import LabelSelector, Requirement, decode_report_sync
 from tests.builders import example_of, helmrelease, inventory_of, tenancy_items
 from tests.cli.test_plan import run_plan
 from tests.profiles import examples
@@ -246,6 +246,100 @@ def test_a_report_goes_only_where_its_namespace_is_not_terminating(
         "metadata": {**namespace["metadata"], **terminating.get("metadata", {})},
     }
     assert answered(client, body) == []
+
+
+@pytest.mark.parametrize(
+    "terminating",
+    [
+        {"status": {"phase": "Terminating"}},
+        {"metadata": {"deletionTimestamp": "2026-12-04T00:00:00Z"}},
+    ],
+    ids=["phase", "deletion-timestamp"],
+)
+def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
+    client: FlaskClient, terminating: dict[str, Any]
+) -> None:
+    """The top-level target writes its subtree's reports: a sub-tenant's namespace being deleted
+    gets none (the sync would fail on it), the others theirs, and its figures stay in the
+    metrics."""
+    body = requests()["tenant-acme"]
+    lab = body["related"][NAMESPACES]["tenant-acme-lab"]
+    body["related"][NAMESPACES]["tenant-acme-lab"] = {
+        **lab,
+        **terminating,
+        "metadata": {**lab["metadata"], **terminating.get("metadata", {})},
+    }
+    assert [r["metadata"]["namespace"] for r in answered(client, body)] == ["tenant-acme"]
+    outcome = budget_report.sync(
+        decode_report_sync(json.dumps(body).encode()), "cozystack-values", "cozy-gpu"
+    )
+    assert {p.namespace for p in outcome.pools or ()} == {"tenant-acme", "tenant-acme-lab"}
+    assert outcome.counts["unwritable"] == 1
+
+
+def test_the_class_index_is_read_from_the_releases_namespace_alone(client: FlaskClient) -> None:
+    """A ConfigMap of the index's name planted in a member namespace with the report's label
+    (which the pools relate) is not the index: the figures stay the real index's."""
+    body = requests()["tenant-acme"]
+    real = answered(client, json.loads(json.dumps(body)))
+    planted_index = {
+        "classes": [],
+        "undecodable": [],
+        "instanceTypes": {},
+        "undecodableInstanceTypes": {},
+    }
+    planted = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "gpuclass-budget-classes",
+            "namespace": "tenant-acme",
+            "labels": REPORT_LABELS,
+        },
+        "data": {"classes.json": json.dumps(planted_index)},
+    }
+    # sorted before the release's namespace, as a map keyed `namespace/name` is
+    body["related"][CONFIGMAPS] = {
+        "tenant-acme/gpuclass-budget-classes": planted,
+        **body["related"][CONFIGMAPS],
+    }
+    assert answered(client, body) == real
+
+
+def test_a_release_without_the_application_name_label_is_listed_by_its_release_name(
+    client: FlaskClient,
+) -> None:
+    items = tenancy_items()
+    del release(items, "tenant-acme/vm-instance-render")["metadata"]["labels"][
+        "apps.cozystack.io/application.name"
+    ]
+    acme = document(reports(client, requests(items))["tenant-acme"])
+    assert [(a["kind"], a["name"]) for a in acme["apps"]] == [
+        ("VMInstance", "vm-instance-render"),
+        ("KubernetesNodes", "workers"),
+    ]
+
+
+def test_a_bounded_tenant_whose_namespace_is_not_made_yet_has_its_series(
+    client: FlaskClient, metrics: Metrics
+) -> None:
+    """One series per bounded tenant and key, whether or not its namespace exists yet (the
+    tenant chart makes it after its release): its figures, and no report to write there."""
+    items = [
+        o
+        for o in tenancy_items()
+        if not (o["kind"] == "Namespace" and o["metadata"]["name"] == "tenant-acme-lab")
+    ]
+    bodies = {
+        name: body
+        for name, body in requests(items).items()
+        if name != "tenant-acme-lab"  # no namespace, no target
+    }
+    for body in bodies.values():
+        body["related"].get(NAMESPACES, {}).pop("tenant-acme-lab", None)
+    assert "tenant-acme-lab" not in reports(client, bodies)
+    left = series(metrics, "cozystack_gpu_budget_left_units")
+    assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme-lab"', 'tenant="lab"')] == 1.0
 
 
 def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> None:

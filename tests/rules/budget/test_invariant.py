@@ -790,6 +790,20 @@ HIDDEN_VM = LegacyCluster(
 )
 
 
+# A worker pool of three VMs, one L40S each, named by no instance type.
+POOL_OF_THREE = LegacyCluster(
+    (
+        ROOT_FOUR,
+        TENANT_A,
+        Release(
+            "tenant-a",
+            "kubernetes-nodes-p",
+            "KubernetesNodes",
+            "p",
+            {"gpus": [{"name": L40S}], "instanceType": "", "maxReplicas": 3},
+        ),
+    )
+)
 TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
     (
         Release("tenant-root", "tenant-root", "Tenant", "root", {"resourceQuotas": {TOTAL: 2}}),
@@ -829,6 +843,17 @@ TWO_RELEASES_OF_ONE_TENANT = LegacyCluster(
         ClassOperation("rename l40s"),
         AppOperation("tenant-a", "VMInstance", "w", (L40S_NEW,) * 4),
     ],
+)
+@example(  # a worker pool holding devices of a deleted class: each replica's still count
+    start=POOL_OF_THREE,
+    steps=[
+        ClassOperation("delete l40s"),
+        AppOperation("tenant-a", "VMInstance", "w", (H100, H100)),
+    ],
+)
+@example(  # a VM whose instance type attaches the devices its gpus entries leave out
+    start=LEGACY_V,
+    steps=[AppOperation("tenant-a", "VMInstance", "w", (), instance_type="gpu.mixed")],
 )
 @example(  # 4: a release whose gpus come from a ConfigMap
     start=HIDDEN_VM, steps=[AppOperation("tenant-a", "VMInstance", "w", (L40S, L40S))]
