@@ -277,17 +277,19 @@ def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
     assert outcome.counts["unwritable"] == 1
 
 
-def test_the_class_index_is_read_from_the_releases_namespace_alone(client: FlaskClient) -> None:
+def test_the_class_index_is_read_from_the_releases_namespace_alone(settings: Settings) -> None:
     """A ConfigMap of the index's name planted in a member namespace with the report's label
-    (which the pools relate) is not the index: the figures stay the real index's."""
+    (which the pools relate) is not the index, even where it sorts first (Metacontroller sends
+    each group as a map sorted by `namespace/name`): the figures stay the real index's."""
+    installed = settings.model_copy(update={"budget_classes_namespace": "zz-gpu"})
+    client = create_app(installed, metrics=Metrics(180.0)).test_client()
     body = requests()["tenant-acme"]
+    [(key, index)] = body["related"][CONFIGMAPS].items()
+    index = {**index, "metadata": {**index["metadata"], "namespace": "zz-gpu"}}
+    body["related"][CONFIGMAPS] = {"zz-gpu/gpuclass-budget-classes": index}
     real = answered(client, json.loads(json.dumps(body)))
-    planted_index = {
-        "classes": [],
-        "undecodable": [],
-        "instanceTypes": {},
-        "undecodableInstanceTypes": {},
-    }
+    assert real and key.endswith("/gpuclass-budget-classes")
+    planted_index = {"classes": [], "undecodable": []}  # every device of no class
     planted = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -298,11 +300,7 @@ def test_the_class_index_is_read_from_the_releases_namespace_alone(client: Flask
         },
         "data": {"classes.json": json.dumps(planted_index)},
     }
-    # sorted before the release's namespace, as a map keyed `namespace/name` is
-    body["related"][CONFIGMAPS] = {
-        "tenant-acme/gpuclass-budget-classes": planted,
-        **body["related"][CONFIGMAPS],
-    }
+    body["related"][CONFIGMAPS]["tenant-acme/gpuclass-budget-classes"] = planted
     assert answered(client, body) == real
 
 
