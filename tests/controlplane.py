@@ -130,6 +130,8 @@ _PLURALS = {
     "CustomResourceDefinition": "customresourcedefinitions",
     "GPUClass": "gpuclasses",
     "KubernetesNodes": "kubernetesnodeses",
+    "Kubernetes": "kuberneteses",
+    "VirtualMachineClusterInstancetype": "virtualmachineclusterinstancetypes",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
 }
@@ -140,6 +142,7 @@ _CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingWebhookConfiguration",
     "GPUClass",
+    "VirtualMachineClusterInstancetype",
     "CompositeController",
     "DecoratorController",
 }

@@ -218,3 +218,61 @@ def render_tenant(
         text=True,
     ).stdout
     return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def _crd(group: str, version: str, kind: str, plural: str, singular: str, scope: str) -> Any:
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {"kind": kind, "plural": plural, "singular": singular},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "properties": {"spec": schema}}
+                    },
+                }
+            ],
+        },
+    }
+
+
+def app_crds() -> list[dict[str, Any]]:
+    """CRDs standing for what Cozystack's aggregated API serves, named as its
+    ApplicationDefinitions name its apps (KubernetesNodes as the budgets name it), and Flux's
+    HelmRelease, which stores every app. Specs are kept whole and never defaulted, as Cozystack
+    stores them; so the API server calls the webhook for the apps as it would for Cozystack's."""
+    crds = []
+    for kind in DEFINITIONS:
+        names = application_definition(kind)["spec"]["application"]
+        crds.append(
+            _crd(APPS_GROUP, "v1alpha1", kind, names["plural"], names["singular"], "Namespaced")
+        )
+    crds.append(
+        _crd(
+            APPS_GROUP,
+            "v1alpha1",
+            "KubernetesNodes",
+            plural("KubernetesNodes"),
+            "kubernetesnodes",
+            "Namespaced",
+        )
+    )
+    crds.append(
+        _crd(
+            "helm.toolkit.fluxcd.io",
+            "v2",
+            "HelmRelease",
+            "helmreleases",
+            "helmrelease",
+            "Namespaced",
+        )
+    )
+    return crds

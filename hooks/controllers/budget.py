@@ -23,28 +23,37 @@ from hooks.rules.budget.declarations import (
 )
 from hooks.rules.budget.keys import is_budget_key, quota_problem, tenant_declaration
 from hooks.rules.budget.pools import Pools
+from hooks.rules.budget.releases import app_groups
 from hooks.rules.budget.reservations import Catalog, cannot_grow
 from hooks.rules.budget.tenancy import (
     KUBERNETES,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
+    App,
+    Group,
     Tenancy,
     Tenant,
-    app_from,
-    with_spec,
 )
 from hooks.rules.budget.verdicts import ALLOWED, FAILED_CLOSED, Verdict
 from hooks.wire.admission import AdmissionRequest
 from hooks.wire.cozystack import (
-    AppObject,
     TenantObject,
-    decode_app_object,
+    decode_object_head,
     decode_tenant_object,
     object_sets_reservation,
 )
-from hooks.wire.kube import is_absent
-from hooks.wire.problems import BadRequest, Unreadable
+from hooks.wire.kube import ObjectMeta, is_absent
+from hooks.wire.problems import BadRequest, Undecodable, Unreadable
+
+
+@dataclass(frozen=True)
+class AppObject:
+    """An app under review: its metadata, and the groups of VMs its spec runs."""
+
+    metadata: ObjectMeta
+    groups: tuple[Group, ...]
+
 
 Reviewed = TypeVar("Reviewed", AppObject, TenantObject)
 Decode = Callable[[msgspec.Raw, str], Reviewed | None]
@@ -169,7 +178,13 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
     kind = request.kind.kind
 
     def decode(raw: msgspec.Raw, field: str) -> AppObject | None:
-        return decode_app_object(raw, field, kind)
+        head = decode_object_head(raw, field)
+        if head is None:
+            return None
+        try:
+            return AppObject(head.metadata, app_groups(head.spec, kind, "spec"))
+        except Undecodable as error:
+            raise BadRequest(f"{field} is not a valid app: {error}") from None
 
     new_obj = _object_under_review(request, inputs, decode)
     if isinstance(new_obj, BudgetOutcome):
@@ -177,10 +192,10 @@ def review_app(request: AdmissionRequest, inputs: BudgetInputs) -> BudgetOutcome
     old_obj = _old_object(request, decode)
     name = _name(request, new_obj)
     new = replace(
-        app_from(new_obj.spec, request.namespace, kind, name),
+        App(request.namespace, kind, name, new_obj.groups),
         sized=object_sets_reservation(request.object, kind),
     )
-    old = with_spec(new, old_obj.spec) if old_obj else None
+    old = replace(new, groups=old_obj.groups) if old_obj else None
     if cannot_grow(new, old):
         return _outcome(request, ALLOWED)
 

@@ -61,33 +61,20 @@ class VMSpec(_Cozystack):
 
 class NodeGroupSpec(VMSpec):
     """A worker pool (KubernetesNodes, or one of a Kubernetes app's node groups): what each of
-    its VMs attaches, and its size bounds."""
+    its VMs attaches, and its size bounds (`null` removes a value from Helm's merge: read as
+    its default, the larger)."""
 
-    max_replicas: Size = DEFAULT_MAX_REPLICAS
-    min_replicas: Size = DEFAULT_MIN_REPLICAS
-
-
-class KubernetesSpec(_Cozystack):
-    """A Kubernetes app: its node groups, each a pool (empty or absent: the default `md0`)."""
-
-    node_groups: dict[str, NodeGroupSpec] | None = None
+    max_replicas: Size | None = DEFAULT_MAX_REPLICAS
+    min_replicas: Size | None = DEFAULT_MIN_REPLICAS
 
 
 class _RawGroups(_Cozystack):
     node_groups: dict[str, msgspec.Raw] | None = None
 
 
-AppSpec = VMSpec | NodeGroupSpec | KubernetesSpec
-
-
 def default_node_groups() -> dict[str, NodeGroupSpec]:
     """What the Kubernetes app's chart runs when `nodeGroups` is empty or absent."""
     return {DEFAULT_NODE_GROUP: NodeGroupSpec()}
-
-
-def node_groups(spec: KubernetesSpec) -> dict[str, NodeGroupSpec]:
-    """A Kubernetes app's node groups as its chart runs them."""
-    return spec.node_groups or default_node_groups()
 
 
 # What each kind's reservation reads of its values: a `valuesFrom` reference with a
@@ -150,14 +137,6 @@ class ObjectHead(_Cozystack):
     spec: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
 
 
-class AppObject(_Cozystack):
-    """A VMInstance, KubernetesNodes or Kubernetes app under review, its spec read as its kind
-    says."""
-
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: AppSpec = msgspec.field(default_factory=VMSpec)
-
-
 class TenantObject(_Cozystack):
     """A Tenant under review."""
 
@@ -217,12 +196,6 @@ def contributes_nothing_read(reference: ValuesReference, kind: str, platform_val
     return top not in READ_FIELDS.get(kind, frozenset()) and top != ""
 
 
-def app_spec(raw: msgspec.Raw, at: str, kind: str) -> AppSpec:
-    """An app's spec as its kind reads it (`at` names where it sits, for the message)."""
-    decoder: msgspec.json.Decoder[AppSpec] = _SPECS.get(kind, _VM_SPEC)
-    return decoded(decoder, raw, at)
-
-
 def node_group_specs(raw: msgspec.Raw, at: str) -> dict[str, msgspec.Raw]:
     """A Kubernetes app's node groups, each still raw (so that one that does not decode is
     named alone); Undecodable when the map itself is not one."""
@@ -251,28 +224,17 @@ def tenant_spec(raw: msgspec.Raw, at: str) -> TenantSpec:
         raise
 
 
-def decode_app_object(raw: msgspec.Raw, field: str, kind: str) -> AppObject | None:
-    """An app under review; None when the field is absent; BadRequest naming the field when it
-    is not an app object of its kind."""
-    head = _object_head(raw, field)
-    if head is None:
-        return None
-
-    def read(spec: msgspec.Raw, at: str) -> AppSpec:
-        return app_spec(spec, at, kind)
-
-    return AppObject(metadata=head.metadata, spec=_spec_of(read, head, field))
-
-
 def decode_tenant_object(raw: msgspec.Raw, field: str) -> TenantObject | None:
     """A Tenant under review, as decode_app_object."""
-    head = _object_head(raw, field)
+    head = decode_object_head(raw, field)
     if head is None:
         return None
     return TenantObject(metadata=head.metadata, spec=_spec_of(tenant_spec, head, field))
 
 
-def _object_head(raw: msgspec.Raw, field: str) -> ObjectHead | None:
+def decode_object_head(raw: msgspec.Raw, field: str) -> ObjectHead | None:
+    """An app under review with its spec still raw (how it is read depends on its kind); None
+    when the field is absent; BadRequest naming the field when it is not an object."""
     if is_absent(raw):
         return None
     try:
@@ -289,12 +251,6 @@ def _spec_of(read: Callable[[msgspec.Raw, str], S], head: ObjectHead, field: str
 
 
 _OBJECT_HEAD = msgspec.json.Decoder(ObjectHead)
-_VM_SPEC: msgspec.json.Decoder[AppSpec] = msgspec.json.Decoder(VMSpec)
-_SPECS: dict[str, msgspec.json.Decoder[AppSpec]] = {
-    VM_INSTANCE: _VM_SPEC,
-    KUBERNETES_NODES: msgspec.json.Decoder(NodeGroupSpec),
-    KUBERNETES: msgspec.json.Decoder(KubernetesSpec),
-}
 _RAW_GROUPS = msgspec.json.Decoder(_RawGroups)
 _SIZES = msgspec.json.Decoder(_Sizes)
 _TENANT_SPEC = msgspec.json.Decoder(TenantSpec)

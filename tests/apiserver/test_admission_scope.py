@@ -20,10 +20,13 @@ import pytest
 import trustme
 
 from hooks.controllers.budget import review_app, review_tenant
+from hooks.rules.budget.instance_types import catalog_of
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import Tenant
 from hooks.wire.admission import decode_review
+from tests import cozystack
 from tests.builders import GPU, admission_review, app_object, gpus, helmrelease
 from tests.chart import by_kind, render
 from tests.controllers.test_budget import Inputs
@@ -32,11 +35,29 @@ from tests.controlplane import ControlPlane, collection_path, control_plane, man
 ABSENT = object()
 GPUS = [ABSENT, None, [], [{}], gpus(GPU), "x", [1]]
 REPLICAS = [ABSENT, None, 0, 3, -1, "x"]
+# Cozystack's default, an instance type that attaches a GPU (the chart names it), none, another
+# type of value
+INSTANCE_TYPES = [ABSENT, None, "", "u1.medium", "gn1.xlarge", 5]
 QUOTAS = [ABSENT, None, {}, {TOTAL_KEY: "1"}, {"requests.cpu": "1"}, "x"]
 POOL = "tenant-x"
-# Tenant x owns tenant-x and gives its pool nothing: any review that can be refused is.
-HOSTILE = Inputs([Tenant("tenant-root", "x", {TOTAL_KEY: 0, class_key("l40s"): 0})])
-REVIEW = {"VMInstance": review_app, "KubernetesNodes": review_app, "Tenant": review_tenant}
+
+
+class Hostile(Inputs):
+    """Tenant x owns tenant-x and gives its pool nothing: any review that can be refused is.
+    The cluster's instance types are Cozystack's."""
+
+    def catalog(self) -> Catalog:
+        types = [msgspec.Raw(msgspec.json.encode(t)) for t in cozystack.instance_types()]
+        return catalog_of(super().catalog().classes, types)
+
+
+HOSTILE = Hostile([Tenant("tenant-root", "x", {TOTAL_KEY: 0, class_key("l40s"): 0})])
+REVIEW = {
+    "VMInstance": review_app,
+    "KubernetesNodes": review_app,
+    "Kubernetes": review_app,
+    "Tenant": review_tenant,
+}
 
 
 def spec(**fields: Any) -> dict[str, Any]:
@@ -46,15 +67,46 @@ def spec(**fields: Any) -> dict[str, Any]:
 def shapes(kind: str) -> list[dict[str, Any]]:
     """Every shape of what the kind's rules read, with a field another kind reads beside it."""
     if kind == "VMInstance":
-        return [spec(gpus=g, resourceQuotas=q) for g in GPUS for q in (ABSENT, "x")]
+        return [
+            spec(gpus=g, instanceType=t, resourceQuotas=q)
+            for g, t in itertools.product(GPUS, INSTANCE_TYPES)
+            for q in (ABSENT, "x")
+        ]
     if kind == "KubernetesNodes":
-        return [spec(gpus=g, maxReplicas=r) for g, r in itertools.product(GPUS, REPLICAS)]
+        return [
+            *(spec(gpus=g, maxReplicas=r) for g, r in itertools.product(GPUS, REPLICAS)),
+            *(
+                spec(instanceType=t, maxReplicas=r)
+                for t, r in itertools.product(INSTANCE_TYPES, REPLICAS)
+            ),
+        ]
+    if kind == "Kubernetes":
+        groups = [spec(gpus=g, instanceType=t) for g, t in itertools.product(GPUS, INSTANCE_TYPES)]
+        groups += [
+            spec(instanceType=t, maxReplicas=r)
+            for t, r in itertools.product(INSTANCE_TYPES, REPLICAS)
+        ]
+        return [
+            *(spec(nodeGroups=n) for n in (ABSENT, None, {}, "x", {"md0": "x"})),
+            *(spec(nodeGroups={"md0": {}, "gpu": group}) for group in groups),
+        ]
     return [spec(resourceQuotas=q, gpus=g) for q in QUOTAS for g in (ABSENT, None)]
 
 
 OLD = {
-    "VMInstance": [{"gpus": []}, {"gpus": gpus(GPU)}, {"gpus": None}],
-    "KubernetesNodes": [{"gpus": []}, {"gpus": gpus(GPU), "maxReplicas": 1}, {"maxReplicas": -1}],
+    "VMInstance": [
+        {"gpus": []},
+        {"gpus": gpus(GPU)},
+        {"gpus": None},
+        {"instanceType": "gn1.xlarge"},
+    ],
+    "KubernetesNodes": [
+        {"gpus": []},
+        {"gpus": gpus(GPU), "maxReplicas": 1},
+        {"maxReplicas": -1},
+        {"instanceType": "gn1.xlarge", "maxReplicas": 1},
+    ],
+    "Kubernetes": [{}, {"nodeGroups": {"gpu": {"instanceType": "gn1.xlarge", "maxReplicas": 1}}}],
     "Tenant": [{}, {"resourceQuotas": {TOTAL_KEY: "1"}}, {"resourceQuotas": {}}],
 }
 
@@ -70,7 +122,7 @@ def unanswered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlan
     """A control plane with Cozystack's app CRDs, the stored objects the updates start from, and
     the chart's webhook configuration pointed at a port where nothing listens."""
     with control_plane(tmp_path_factory.mktemp("unanswered")) as kube:
-        kube.apply(*manifests("cozystack-crds.yaml"))
+        kube.apply(*cozystack.app_crds(), *manifests("kubevirt-crd.yaml"))
         for namespace in (POOL, "cozy-system"):
             kube.namespace(namespace)
         for kind, olds in OLD.items():
@@ -126,12 +178,13 @@ def judged_harmless(kind: str, app_spec: dict[str, Any], old: dict[str, Any] | N
     outcome = REVIEW[kind](decode_review(msgspec.json.encode(review)), HOSTILE)
     assert outcome.verdict.allowed, (kind, app_spec, old, outcome.verdict)
     stored = release_object(
-        msgspec.Raw(msgspec.json.encode(helmrelease(kind, POOL, "app", app_spec)))
+        msgspec.Raw(msgspec.json.encode(helmrelease(kind, POOL, "app", app_spec))),
+        "cozystack-values",
     )
     assert stored.unreadable is None, (kind, app_spec, stored.unreadable)
 
 
-@pytest.mark.parametrize("kind", ["VMInstance", "KubernetesNodes", "Tenant"])
+@pytest.mark.parametrize("kind", ["VMInstance", "KubernetesNodes", "Kubernetes", "Tenant"])
 def test_what_passes_the_match_conditions_unjudged_the_webhook_would_admit(
     unanswered: ControlPlane, kind: str
 ) -> None:
@@ -156,6 +209,14 @@ def test_what_passes_the_match_conditions_unjudged_the_webhook_would_admit(
         ("VMInstance", {"running": True}, False),
         ("KubernetesNodes", {"gpus": gpus(GPU), "maxReplicas": 0}, True),
         ("KubernetesNodes", {"minReplicas": 3}, False),
+        ("VMInstance", {"instanceType": "gn1.xlarge"}, True),
+        ("VMInstance", {"instanceType": "u1.medium"}, False),
+        ("VMInstance", {"instanceType": "gpu.own"}, False),  # not named: the alert's case
+        ("KubernetesNodes", {"instanceType": "gn1.8xlarge", "maxReplicas": 2}, True),
+        ("Kubernetes", {}, False),
+        ("Kubernetes", {"nodeGroups": {"md0": {"instanceType": "u1.medium"}}}, False),
+        ("Kubernetes", {"nodeGroups": {"gpu": {"instanceType": "gn1.xlarge"}}}, True),
+        ("Kubernetes", {"nodeGroups": {"md0": {}, "gpu": {"gpus": gpus(GPU)}}}, True),
         ("Tenant", {"resourceQuotas": {TOTAL_KEY: "1"}}, True),
         ("Tenant", {"resourceQuotas": {"requests.cpu": "4"}}, True),
         ("Tenant", {"resourceQuotas": {}}, False),

@@ -32,7 +32,7 @@ from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVir
 from hooks.serving.app import create_app
 from hooks.settings import Settings
 from hooks.wire.kube import KubeVirt
-from tests import ROOT
+from tests import ROOT, cozystack
 from tests.builders import GPU, app_object, gpus, helmrelease, node, status_sync_request
 from tests.chart import CHART, PLAIN, helm, render
 from tests.controlplane import (
@@ -45,7 +45,7 @@ from tests.controlplane import (
     object_path,
 )
 from tests.live import LiveServer, live_server
-from tests.rules.budget import check_app
+from tests.rules.budget import check_app, vm
 
 # Starts etcd and kube-apiserver (`make tools`).
 
@@ -423,18 +423,21 @@ def test_chart_rbac_kubevirt_read_is_the_configured_object_only(
 def test_chart_rbac_admission_lists_what_it_reads_and_nothing_else(
     kube: ControlPlane, chart_token: str
 ) -> None:
-    kube.apply(*manifests("cozystack-crds.yaml"))
+    kube.apply(*cozystack.app_crds(), *manifests("kubevirt-crd.yaml"))
     helmreleases = "/apis/helm.toolkit.fluxcd.io/v2/helmreleases"
-    assert kube.request("GET", GPUCLASSES, token=chart_token).status_code == 200
-    assert kube.request("GET", helmreleases, token=chart_token).status_code == 200
+    instance_types = "/apis/instancetype.kubevirt.io/v1beta1/virtualmachineclusterinstancetypes"
+    for readable in (GPUCLASSES, helmreleases, instance_types):
+        assert kube.request("GET", readable, token=chart_token).status_code == 200, readable
+    # a class, by name, as every authenticated user may read it (classReaders)
+    assert kube.request("GET", f"{GPUCLASSES}/any", token=chart_token).status_code == 404
     forbidden = [
         ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/{FULLNAME}-tls"),
         ("GET", "/api/v1/secrets"),
         ("GET", "/api/v1/pods"),
         ("GET", "/api/v1/nodes"),
         ("GET", "/api/v1/namespaces"),
-        ("GET", f"{GPUCLASSES}/any"),
         ("GET", f"{helmreleases}?watch=true"),
+        ("GET", f"{instance_types}/gn1.xlarge"),
         ("DELETE", f"{GPUCLASSES}/any"),
         ("POST", "/apis/helm.toolkit.fluxcd.io/v2/namespaces/default/helmreleases"),
         ("GET", "/apis/apps.cozystack.io/v1alpha1/tenants"),
@@ -502,7 +505,7 @@ def webhook_server(
         "GPUCLASS_KUBE_TOKEN_FILE": str(token_file),
         "GPUCLASS_KUBE_CA_FILE": str(kube.ca_file),
     }
-    kube.apply(*manifests("cozystack-crds.yaml"))
+    kube.apply(*cozystack.app_crds())
     with live_server(env, directory, scheme="https") as server:
         [configuration] = [d for d in installed if d["kind"] == "ValidatingWebhookConfiguration"]
         configuration = copy.deepcopy(configuration)
@@ -616,7 +619,8 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
     settings = Settings(kube_api=kube.url, kube_token_file=token, kube_ca_file=kube.ca_file)
     reader = BudgetReader(settings)
     everything = [
-        release_object(raw) for raw in ApiClient(settings).list(HELMRELEASES, TENANCY_SELECTOR)
+        release_object(raw, settings.platform_values_secret)
+        for raw in ApiClient(settings).list(HELMRELEASES, TENANCY_SELECTOR)
     ]
     full = Tenancy(
         tuple(o for o in everything if isinstance(o, Tenant)),
@@ -633,17 +637,17 @@ def test_scoped_reads_give_the_verdicts_of_a_full_list(
         "tenant-a",
     ):
         for count in (1, 3):
-            new = App(namespace, "VMInstance", "new", (GPU,) * count)
+            new = vm(namespace, "new", *(GPU,) * count)
             scoped = reader.tenancy([namespace])
             verdict = check_app(
                 new=new,
                 old=None,
                 apps=scoped.apps,
                 tenants=scoped.tenants,
-                classes=reader.classes(),
+                catalog=reader.catalog(),
             )
             expected = check_app(
-                new=new, old=None, apps=full.apps, tenants=full.tenants, classes=reader.classes()
+                new=new, old=None, apps=full.apps, tenants=full.tenants, catalog=reader.catalog()
             )
             # the same verdict; what it skipped differs (a full list reads what it does not need)
             assert (verdict.allowed, verdict.message) == (expected.allowed, expected.message)

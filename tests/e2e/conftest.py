@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hooks.rules.budget.keys import TOTAL_KEY
+from tests import cozystack as cozystack_sources
 from tests.builders import helmrelease
 from tests.controlplane import manifests
 from tests.e2e.cluster import GPU, Cluster, wait_for
@@ -149,8 +150,7 @@ def image_on_node(cluster: Cluster, pytestconfig: pytest.Config) -> None:
 def cozystack(cluster: Cluster) -> None:
     """What a Cozystack cluster serves that the hooks read: its app kinds (the tests' CRDs stand
     for its aggregated API), HelmReleases, and the KubeVirt object."""
-    for name in ("cozystack-crds.yaml", "kubevirt-crd.yaml"):
-        cluster.apply(*manifests(name))
+    cluster.apply(*cozystack_sources.app_crds(), *manifests("kubevirt-crd.yaml"))
     cluster.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
     )

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import requests
 import trustme
-import yaml
 
 from hooks.routes import HOOKS
+from tests import cozystack
 from tests.controlplane import ADMIN_TOKEN, ControlPlane
 from tests.live import LiveServer, docker, live_server
 
@@ -57,8 +57,7 @@ def service_files(tmp_path_factory: pytest.TempPathFactory, kube: ControlPlane) 
     server.private_key_pem.write_to_path(str(directory / "tls.key"))
     (directory / "accepted-tokens").write_text("hook-token\n")
     (directory / "kube-token").write_text(ADMIN_TOKEN)
-    cozystack = yaml.safe_load((MANIFESTS / "cozystack-crds.yaml").read_text())["documents"]
-    kube.apply(*cozystack)
+    kube.apply(*cozystack.app_crds())
     return {
         "GPUCLASS_TLS_CERT_FILE": str(directory / "tls.crt"),
         "GPUCLASS_TLS_KEY_FILE": str(directory / "tls.key"),

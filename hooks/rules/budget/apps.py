@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from hooks.rules.budget.pools import FailedClosed, Pools
-from hooks.rules.budget.reservations import Catalog, Reservation, reservation
+from hooks.rules.budget.reservations import Catalog, Reservation, SizeUnreadable, reservation
 from hooks.rules.budget.tenancy import App, Tenant
 from hooks.rules.budget.verdicts import ALLOWED, Verdict, decided, first_denial
 
@@ -74,21 +74,15 @@ def stored_self(new: App, apps: Iterable[App], creating: bool) -> list[App]:
 
 @dataclass(frozen=True)
 class AppReview:
-    """What the app rules read: the app under review, its old value, its pool and the catalog."""
+    """What the app rules read: the app under review and what it reserves, its old value's
+    reservation, its pool and the catalog."""
 
     new: App
-    old: App | None
+    wanted: Reservation
+    before: Reservation
     pools: Pools
     root: str
     catalog: Catalog
-
-    @property
-    def wanted(self) -> Reservation:
-        return reservation(self.new, self.catalog)
-
-    @property
-    def before(self) -> Reservation:
-        return reservation(self.old, self.catalog)
 
 
 def no_unmapped_devices_escape(review: AppReview) -> Verdict | None:
@@ -140,5 +134,10 @@ def _app_verdict(new: App, old: App | None, pools: Pools, catalog: Catalog) -> V
     root = pools.root(new.namespace)
     if root is None:
         return ALLOWED
-    review = AppReview(new, old, pools, root, catalog)
+    try:
+        wanted = reservation(new, catalog)
+    except SizeUnreadable as invalid:
+        # the app under review's own field: a request to correct, not an input to wait for
+        return Verdict(False, f"object is not a valid app: {invalid.problem}")
+    review = AppReview(new, wanted, reservation(old, catalog), pools, root, catalog)
     return first_denial(rule(review) for rule in APP_RULES)

@@ -53,7 +53,7 @@ def release_object(raw: msgspec.Raw, platform_values: str) -> Tenant | App:
         if kind == TENANT:
             values = tenant_spec(release.spec.values, "spec.values")
         else:
-            values = _app_values(release.spec.values, kind)
+            values = app_groups(release.spec.values, kind, "spec.values")
         problem = None
         # Its values are only partly here: never counted as holding nothing, unless its own
         # values set all its reservation reads (Flux merges them over the referenced ones). A
@@ -107,18 +107,20 @@ def release_object(raw: msgspec.Raw, platform_values: str) -> Tenant | App:
     )
 
 
-def _app_values(values: msgspec.Raw, kind: str) -> tuple[Group, ...]:
-    """A stored app's groups. A worker pool's size that does not decode is marked on its group,
-    so that it fails closed only where that group attaches a device: an app that asks for none
-    (which the webhook's match conditions let through unjudged) never makes a pool unreadable."""
+def app_groups(values: msgspec.Raw, kind: str, at: str) -> tuple[Group, ...]:
+    """An app's groups, from its spec (`at` names where it sits, for the message): a Kubernetes
+    app's node groups by name, else the one. Undecodable when what it attaches cannot be read. A
+    worker pool's size that does not decode is marked on its group, so that it fails closed only
+    where that group attaches a device: an app that asks for none (which the webhook's match
+    conditions let through unjudged) never makes a pool unreadable, stored or under review."""
     if kind == KUBERNETES:
-        raws = node_group_specs(values, "spec.values")
+        raws = node_group_specs(values, at)
         if not raws:
             return tuple(group_of(spec) for spec in default_node_groups().values())
-        return tuple(_pool(raws[name], f"spec.values.nodeGroups.{name}") for name in sorted(raws))
+        return tuple(_pool(raws[name], f"{at}.nodeGroups.{name}") for name in sorted(raws))
     if kind == KUBERNETES_NODES:
-        return (_pool(values, "spec.values"),)
-    return (group_of(decoded(_VM, values, "spec.values")),)
+        return (_pool(values, at),)
+    return (group_of(decoded(_VM, values, at)),)
 
 
 def _pool(raw: msgspec.Raw, at: str) -> Group:

@@ -20,6 +20,15 @@ class FailedClosed(Exception):
     """An object this verdict's arithmetic needs could not be read."""
 
 
+class SizeUnreadable(FailedClosed):
+    """A worker pool's size that does not decode, on a group that attaches a device: its
+    `problem` names the field."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.problem = problem
+
+
 def classes_by_resource(classes: Iterable[ClassIdentity]) -> dict[str, ClassIdentity]:
     """The class each resource's `gpus[]` entries map to: the oldest class with that
     resourceName, as in the status (creationTimestamp, then name); classes being deleted do not
@@ -92,7 +101,7 @@ def reservation(app: App | None, catalog: Catalog) -> Reservation:
     for group in app.groups:
         devices = attached(group, catalog)
         if devices and group.size_problem is not None:
-            raise FailedClosed(f"{app.where}: {group.size_problem}")
+            raise SizeUnreadable(app.where, group.size_problem)
         for resource in devices:
             owner = catalog.owners.get(resource)
             if owner is None:
@@ -123,6 +132,8 @@ def cannot_grow(new: App, old: App | None) -> bool:
     """A change that cannot grow any reservation, whatever the catalog: it asks for nothing, or
     (an update) for nothing the old value did not ask for as often. Every device counts the same
     whatever asks for it, so such a review needs no input."""
+    if any(g.size_problem is not None and (g.gpus or g.instance_type) for g in new.groups):
+        return False  # how often it asks is unknown: judged, where its field is named
     asked = demand(new)
     if not asked:
         return True

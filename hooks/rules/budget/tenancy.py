@@ -9,18 +9,17 @@ declared, in its parent's namespace) and `owned_namespace` (the namespace it own
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hooks.wire.cozystack import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_REPLICAS,
     KUBERNETES,
     KUBERNETES_NODES,
     TENANT,
     VM_INSTANCE,
-    AppSpec,
-    KubernetesSpec,
     NodeGroupSpec,
     VMSpec,
-    node_groups,
 )
 from hooks.wire.names import is_dns_label
 
@@ -198,34 +197,6 @@ class Tenancy:
     apps: tuple[App, ...] = ()
 
 
-def app_from(
-    spec: AppSpec,
-    namespace: str,
-    kind: str,
-    name: str,
-    unreadable: str | None = None,
-    *,
-    release: str = "",
-    values_from: bool = False,
-) -> App:
-    """An app from its spec (the object under review) or its HelmRelease's values."""
-    return App(
-        namespace,
-        kind,
-        name,
-        groups_of(spec),
-        unreadable=unreadable,
-        release=release,
-        values_from=values_from,
-    )
-
-
-def with_spec(app: App, spec: AppSpec) -> App:
-    """The app with what another spec reserves (an update's old object: the baseline of growth
-    of the app under review)."""
-    return replace(app, groups=groups_of(spec))
-
-
 def pool_size(max_replicas: int, min_replicas: int) -> int:
     """How many VMs a worker pool may run at once: the autoscaler never goes below its
     minimum."""
@@ -236,15 +207,11 @@ def group_of(spec: VMSpec) -> Group:
     """One VM's shape, or a worker pool's with its size."""
     replicas = 1
     if isinstance(spec, NodeGroupSpec):
-        replicas = pool_size(spec.max_replicas, spec.min_replicas)
+        most, least = spec.max_replicas, spec.min_replicas
+        replicas = pool_size(
+            DEFAULT_MAX_REPLICAS if most is None else most,
+            DEFAULT_MIN_REPLICAS if least is None else least,
+        )
     return Group(
         tuple(entry.name for entry in spec.gpus), spec.instance_type or None, replicas=replicas
     )
-
-
-def groups_of(spec: AppSpec) -> tuple[Group, ...]:
-    """The groups of an app's spec: a Kubernetes app's node groups by name, else the one."""
-    if isinstance(spec, KubernetesSpec):
-        groups = node_groups(spec)
-        return tuple(group_of(groups[name]) for name in sorted(groups))
-    return (group_of(spec),)
