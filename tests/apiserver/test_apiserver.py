@@ -25,7 +25,7 @@ import yaml
 from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
 from hooks.kubeapi.kubevirt import KubeVirtReader
-from hooks.rules.budget.keys import TOTAL_KEY
+from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtFound, KubeVirtUnreadable
@@ -1039,3 +1039,48 @@ def test_monitoring_objects_are_stored_as_written(kube: ControlPlane) -> None:
         created = kube.request("POST", collection_path(located), located)
         assert created.status_code == 201, (document["kind"], created.text)
         assert differences(document, created.json()) == [], document["kind"]
+
+
+# --- a tenant as Cozystack makes one: its roles and the tenant chart with GPU budget keys -------
+
+TENANT_KINDS = ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ResourceQuota", "LimitRange")
+QUOTAS = {TOTAL_KEY: 4, class_key("l40s"): 2, "cpu": 4}
+
+
+@pytest.fixture(scope="module")
+def tenant_a(kube: ControlPlane, installed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tenant a, declared in tenant-root, as Cozystack's tenant chart installs it."""
+    kube.apply(*cozystack.tenant_roles())
+    rendered = cozystack.render_tenant("a", "tenant-root", {"resourceQuotas": QUOTAS})
+    made = [d for d in rendered if d["kind"] in TENANT_KINDS]
+    kube.apply(*(d for d in made if d["kind"] == "Namespace"))
+    for namespace in {d["metadata"].get("namespace") for d in made} - {None, "tenant-a"}:
+        kube.namespace(namespace)  # where the chart binds the tenant's roles outside its own
+    kube.apply(*(d for d in made if d["kind"] != "Namespace"))
+    return made
+
+
+def test_the_tenant_charts_quota_with_gpu_budget_keys_is_accepted(
+    kube: ControlPlane, tenant_a: list[dict[str, Any]]
+) -> None:
+    """The tenant chart puts every declared key in its ResourceQuota (as requests and limits):
+    the API server stores GPU budget keys there. They are not pod resources, so nothing is ever
+    counted against them; the webhook is what enforces them (docs/gpu-budgets.md)."""
+    [quota] = [d for d in tenant_a if d["kind"] == "ResourceQuota"]
+    stored = kube.request(
+        "GET", f"/api/v1/namespaces/tenant-a/resourcequotas/{quota['metadata']['name']}"
+    ).json()
+    hard = stored["spec"]["hard"]
+    assert hard[f"requests.{TOTAL_KEY}"] == "4" and hard[f"limits.{class_key('l40s')}"] == "2"
+
+
+def test_a_tenants_service_account_lists_gpuclasses_and_changes_none(
+    kube: ControlPlane, tenant_a: list[dict[str, Any]]
+) -> None:
+    token = kube.service_account_token("tenant-a", "tenant-a")
+    assert kube.request("GET", GPUCLASSES, token=token).status_code == 200
+    assert kube.request("GET", f"{GPUCLASSES}/l40s", token=token).status_code == 404
+    assert kube.request("POST", GPUCLASSES, {}, token=token).status_code == 403
+    assert kube.request("DELETE", f"{GPUCLASSES}/l40s", token=token).status_code == 403
+    status = f"{GPUCLASSES}/l40s/status"
+    assert kube.request("PUT", status, {}, token=token).status_code == 403

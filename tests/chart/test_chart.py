@@ -23,6 +23,7 @@ from hooks.serving import listeners
 from hooks.serving.app import create_app
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
+from tests import cozystack
 from tests.builders import (
     gpuclass,
     licensed_class,
@@ -601,6 +602,24 @@ def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
         if not binding["metadata"]["name"].endswith("-class-reader"):
             assert binding["subjects"][0]["name"] == account
     assert not by_kind(default_render, "Role")
+
+
+def test_the_budget_report_view_is_aggregated_into_cozystacks_tenant_view_role(
+    default_render: list[dict[str, Any]],
+) -> None:
+    """Cozystack's `cozy:tenant:view` (which its use, admin and super-admin roles aggregate in
+    turn) selects ClusterRoles by a label: the chart's report view carries it."""
+    [view] = [r for r in cozystack.tenant_roles() if r["metadata"]["name"] == "cozy:tenant:view"]
+    [report_view] = [
+        r
+        for r in by_kind(default_render, "ClusterRole")
+        if r["metadata"]["name"] == "gpu-gpuclass-hooks-budget-report-view"
+    ]
+    labels = report_view["metadata"]["labels"]
+    assert any(
+        selector["matchLabels"].items() <= labels.items()
+        for selector in view["aggregationRule"]["clusterRoleSelectors"]
+    )
 
 
 def test_every_authenticated_user_may_read_gpuclasses_and_nothing_else_unless_narrowed(
