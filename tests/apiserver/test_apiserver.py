@@ -1079,7 +1079,7 @@ def test_a_tenants_service_account_lists_gpuclasses_and_changes_none(
 ) -> None:
     token = kube.service_account_token("tenant-a", "tenant-a")
     assert kube.request("GET", GPUCLASSES, token=token).status_code == 200
-    assert kube.request("GET", f"{GPUCLASSES}/l40s", token=token).status_code == 404
+    assert kube.request("GET", f"{GPUCLASSES}/absent", token=token).status_code == 404
     assert kube.request("POST", GPUCLASSES, {}, token=token).status_code == 403
     assert kube.request("DELETE", f"{GPUCLASSES}/l40s", token=token).status_code == 403
     status = f"{GPUCLASSES}/l40s/status"
