@@ -149,8 +149,10 @@ def image_on_node(cluster: Cluster, pytestconfig: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def cozystack(cluster: Cluster) -> None:
     """What a Cozystack cluster serves that the hooks read: its app kinds (the tests' CRDs stand
-    for its aggregated API), HelmReleases, and the KubeVirt object."""
+    for its aggregated API), HelmReleases, the KubeVirt object, and Cozystack's own cluster
+    instance types and tenant roles, applied as they are."""
     cluster.apply(*cozystack_sources.app_crds(), *manifests("kubevirt-crd.yaml"))
+    cluster.apply(*cozystack_sources.instance_types(), *cozystack_sources.tenant_roles())
     cluster.apply(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "cozy-kubevirt"}},
     )
