@@ -86,16 +86,16 @@ class AppReview:
 
 
 def no_unmapped_devices_escape(review: AppReview) -> Verdict | None:
-    """Entries that map to no class are refused in a pool that declares any GPU budget key, when
-    they grow: such a device would escape the budget."""
+    """Devices that map to no class (a gpus entry's, or an instance type's) are refused in a pool
+    that declares any GPU budget key, when they grow: such a device would escape the budget."""
     wanted, before = review.wanted, review.before
     if wanted.unmapped_devices > before.unmapped_devices and review.pools.budget(review.root):
         names = ", ".join(sorted(wanted.unmapped))
         return Verdict(
             False,
-            f"gpus entries {names} map to no GPUClass, and the pool of "
+            f"devices {names} map to no GPUClass, and the pool of "
             f"{review.pools.name(review.root)} declares a GPU budget: such a device would escape "
-            "it. Use the resourceName of a GPUClass.",
+            "it. Use the resourceName of a GPUClass, in gpus entries or through an instance type.",
         )
     return None
 

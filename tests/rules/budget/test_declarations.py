@@ -316,7 +316,7 @@ def test_unreadable_objects_a_denial_did_not_need_are_reported_for_the_log() -> 
 def test_messages_list_every_unmapped_entry_and_every_stray_key() -> None:
     tenants = [tenant("tenant-root", "a", {TOTAL_KEY: 8})]
     allowed, message = admit(vm("tenant-a", "v", "nvidia.com/X", "nvidia.com/Y"), [], tenants)
-    assert not allowed and message.startswith("gpus entries nvidia.com/X, nvidia.com/Y map to no")
+    assert not allowed and message.startswith("devices nvidia.com/X, nvidia.com/Y map to no")
     refused = check_declaration(
         new=tenant(
             "tenant-root",
