@@ -44,8 +44,8 @@ from hooks.kubeapi.budget import HELMRELEASES, TENANCY_SELECTOR, BudgetReader
 from hooks.kubeapi.client import ApiClient
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.rules.budget.releases import release_object
+from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
-from hooks.rules.classes import ClassIdentity
 from hooks.serving.app import create_app
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
@@ -211,14 +211,18 @@ class FreshList:
     (read with the service's own identity rules, `release_object`)."""
 
     def __init__(self, settings: Settings) -> None:
-        self._classes = BudgetReader(settings)
+        self._catalog = BudgetReader(settings)
         self._api = ApiClient(settings)
+        self._platform_values = settings.platform_values_secret
 
-    def classes(self) -> list[ClassIdentity]:
-        return self._classes.classes()
+    def catalog(self) -> Catalog:
+        return self._catalog.catalog()
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
-        objects = [release_object(raw) for raw in self._api.list(HELMRELEASES, TENANCY_SELECTOR)]
+        objects = [
+            release_object(raw, self._platform_values)
+            for raw in self._api.list(HELMRELEASES, TENANCY_SELECTOR)
+        ]
         return Tenancy(
             tuple(o for o in objects if isinstance(o, Tenant)),
             tuple(o for o in objects if isinstance(o, App)),
@@ -513,8 +517,8 @@ class Snapshot:
         self._reader = reader
         self._tenancy = reader.tenancy(())
 
-    def classes(self) -> list[ClassIdentity]:
-        return self._reader.classes()
+    def catalog(self) -> Catalog:
+        return self._reader.catalog()
 
     def tenancy(self, namespaces: Sequence[str], subtrees: Sequence[str] = ()) -> Tenancy:
         return self._tenancy
