@@ -23,10 +23,12 @@ from __future__ import annotations
 import enum
 import math
 import os
+import re
 import socket
 import ssl
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -35,7 +37,7 @@ from http import HTTPStatus
 from pathlib import Path
 from selectors import EVENT_READ, EVENT_WRITE, BaseSelector
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import msgspec
 
@@ -70,9 +72,10 @@ class State(enum.Enum):
 
 
 # Why a connection was closed before its request was served: its deadline, its size, the cap on
-# connections or on the bytes they hold, a failed handshake, a request that is not HTTP, or the
+# connections or on the bytes they hold, a failed handshake, a request that is not HTTP, the
 # peer closing before its handshake, its head or its body was complete (a kept-alive connection
-# closed between requests is not counted: that is how keep-alive ends).
+# closed between requests is not counted: that is how keep-alive ends), or an error of the
+# service's own while handling it (`internal`: logged, and the loop goes on).
 DROP_REASONS = (
     "head_deadline",
     "head_too_large",
@@ -84,6 +87,7 @@ DROP_REASONS = (
     "closed_in_head",
     "closed_in_body",
     "body_deadline",
+    "internal",
 )
 
 # Why a TLS handshake failed, as far as it tells whom to look at: the peer refused the served
@@ -135,29 +139,63 @@ class Head:
     headers: Mapping[str, str]  # lower-case names; repeated ones joined by ", "
 
     def content_length(self) -> int | None:
-        """The declared length; -1 when it is not a number (the caller refuses it)."""
+        """The declared length: ASCII digits only (RFC 9110: `1*DIGIT`), bounded before they are
+        converted; -1 when it is not a number (the caller refuses it); past any length a body
+        could have, `TOO_LONG` (the caller refuses it as too large)."""
         text = self.headers.get("content-length")
         if text is None:
             return None
-        return int(text) if text.isdigit() else -1
+        if not (text.isascii() and text.isdigit()):
+            return -1
+        return int(text) if len(text) <= LENGTH_DIGITS else TOO_LONG
 
     @property
     def chunked(self) -> bool:
         return "transfer-encoding" in self.headers
 
 
+# A declared length of more digits than this is past any body (and past int64).
+LENGTH_DIGITS = 18
+TOO_LONG = 10**LENGTH_DIGITS
 _TOKEN_CHARACTERS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+_METHOD_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# RFC 9112 3.2: the absolute-form's scheme and authority (a host name, an IPv4 address or a
+# bracketed IPv6 one, and a port), before its path.
+_ABSOLUTE_FORM = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://(?:[A-Za-z0-9._~-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{0,5})?(?=[/?]|$)"
+)
+
+
+def _target_path(target: str) -> str | None:
+    """The path of a request target in origin-form or absolute-form, or None for any other (the
+    asterisk- and authority-forms name no route) or a target no form allows (control characters,
+    a fragment, an authority that is no host)."""
+    if any(c <= " " or c == "\x7f" or c == "#" for c in target):
+        return None
+    if target.startswith("/"):
+        return target
+    match = _ABSOLUTE_FORM.match(target)
+    if match is None:
+        return None
+    return target[match.end() :] or "/"
 
 
 def parse_head(data: bytes) -> Head | None:
     """The head of one HTTP/1.x request (up to and with its blank line), or None when it is not
-    one. gunicorn parses it again, strictly, in the thread; this reading only decides what the
-    edge refuses, and the app checks the same again, so a difference can refuse, never admit."""
+    one: total, every byte sequence gives one of the two. gunicorn parses it again, strictly, in
+    the thread; this reading only decides what the edge refuses, and the app checks the same
+    again, so a difference can refuse, never admit. Refused as RFC 9112 says: a line folded onto
+    the one before (obs-fold), a bare CR or LF, `Transfer-Encoding` beside `Content-Length`."""
     lines = data.decode("latin-1").split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):
+        return None
     parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isupper():
+    if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
         return None
     method, target, _ = parts
+    path = _target_path(target)
+    if not method or not set(method) <= _METHOD_CHARACTERS or path is None:
+        return None
     headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
@@ -165,12 +203,12 @@ def parse_head(data: bytes) -> Head | None:
         name, colon, value = line.partition(":")
         name = name.lower()
         if not colon or not name or not set(name) <= _TOKEN_CHARACTERS:
-            return None
+            return None  # a folded line starts with a space: no header name
         value = value.strip(" \t")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    if not target.startswith("/"):
-        target = urlsplit(target).path or target
-    return Head(method, unquote(target.split("?", 1)[0]), headers)
+    if "transfer-encoding" in headers and "content-length" in headers:
+        return None
+    return Head(method, unquote(path.split("?", 1)[0]), headers)
 
 
 def response_bytes(code: int, message: str, extra: Mapping[str, str] | None = None) -> bytes:
@@ -369,6 +407,7 @@ class Edge:
         verify_clients: bool = True,
         on_drop: Callable[[str], None] = lambda reason: None,
         on_tls_failure: Callable[[str], None] = lambda reason: None,
+        on_error: Callable[[str, list[str]], None] = lambda kind, frames: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._selector = selector
@@ -381,6 +420,7 @@ class Edge:
         self._verify_clients = verify_clients
         self._on_drop = on_drop
         self._on_tls_failure = on_tls_failure
+        self._on_error = on_error
         self._clock = clock
         # Each in the order of its deadlines (every connection of a state has the same timeout,
         # counted from when it entered it): expiry and "oldest first" both read from the front.
@@ -395,6 +435,7 @@ class Edge:
         # When the last client certificate presented ends (NaN until one is): Metacontroller keeps
         # presenting the one it read when it built its controllers, after cert-manager renewed it.
         self.client_not_after = math.nan
+        self._logged_errors: set[str] = set()
 
     # -- what the owner calls ------------------------------------------------------------------
 
@@ -647,6 +688,19 @@ class Edge:
         connection.head = bytearray()
         self._on_head(connection, head, rest)
 
+    def _internal(self, connection: Connection, error: Exception) -> None:
+        """What a connection's handling raised: the connection goes, counted; the first error of
+        each kind is told (`on_error`: its type and frames; its message may quote the
+        request)."""
+        kind = type(error).__name__
+        if kind not in self._logged_errors:
+            self._logged_errors.add(kind)
+            self._on_error(kind, traceback.format_tb(error.__traceback__)[-3:])
+        with suppress(Exception):
+            self.drop(connection, "internal")
+            return
+        self._forget(connection)
+
     def _peer_gone(self, connection: Connection) -> None:
         """The peer closed: the end of keep-alive between requests, else a request cut short."""
         if connection.requests and not connection.head:
@@ -809,7 +863,11 @@ class Edge:
 
     def _watch(self, connection: Connection, events: int) -> None:
         def ready(mask: int) -> None:
-            self._ready(connection, mask)
+            try:
+                self._ready(connection, mask)
+            except Exception as error:
+                # One connection never ends the loop that serves every other one.
+                self._internal(connection, error)
 
         try:
             self._selector.modify(connection.sock, events, ready)

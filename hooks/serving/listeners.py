@@ -31,7 +31,7 @@ from http import HTTPStatus
 from hooks.serving import edge
 from hooks.serving.auth import TokenFile
 from hooks.serving.edge import TlsSource
-from hooks.serving.logs import log
+from hooks.serving.logs import log, log_unexpected
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 
@@ -152,6 +152,7 @@ class Listener:
             verify_clients=False,
             on_drop=dropped,
             on_tls_failure=tls_failed,
+            on_error=lambda kind, frames: log_unexpected(f"{name} listener", kind, frames),
         )
         if metrics is not None:
             metrics.watch_connections(name, self._edge)
@@ -225,13 +226,7 @@ class Listener:
         except Exception as error:
             # One log line, by type and frames as for the hooks; the message may quote input.
             frames = traceback.format_tb(error.__traceback__)[-3:]
-            log(
-                logging.ERROR,
-                "unexpected error",
-                route="listener",
-                error=type(error).__name__,
-                frames=frames,
-            )
+            log_unexpected("listener", type(error).__name__, frames)
             self._edge.close(connection)
             return
         self._edge.respond(connection, _reply_bytes(reply))

@@ -130,3 +130,9 @@ def configure(level: str = "info") -> None:
 
 def log(level: int, event: str, **fields: Any) -> None:
     LOGGER.log(level, event, extra={"fields": fields})
+
+
+def log_unexpected(where: str, kind: str, frames: list[str]) -> None:
+    """An error of the service's own: its type and last frames, never its message (it may quote
+    input)."""
+    log(logging.ERROR, "unexpected error", route=where, error=kind, frames=frames)

@@ -29,6 +29,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from hooks.serving import edge, gthread, http
 from hooks.serving.guard import Backlog, Guard, HeadChecks
 from hooks.serving.listeners import Listener
+from hooks.serving.logs import log_unexpected
 from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 
@@ -130,6 +131,7 @@ class HookWorker(ThreadWorker):
             on_tls_failure=lambda reason: metrics.tls_handshake_failures.labels(
                 LISTENER, reason
             ).inc(),
+            on_error=lambda kind, frames: log_unexpected(f"{LISTENER} listener", kind, frames),
         )
         metrics.watch_connections(LISTENER, self._edge)
         if tls is not None:

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import trustme
 from cryptography import x509
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from hooks.routes import HOOKS
 from hooks.serving import edge
@@ -23,6 +26,7 @@ from hooks.serving.auth import TokenFile
 from hooks.serving.guard import Guard
 from hooks.serving.worker import honour_connection_close
 from hooks.settings import Settings
+from tests.profiles import examples
 from tests.volumes import MountedVolume, tls_files
 
 ADMISSION = next(hook for hook in HOOKS if hook.https_only)
@@ -60,10 +64,89 @@ def test_what_is_not_a_request_head_is_none(data: bytes) -> None:
     assert edge.parse_head(data) is None
 
 
-@pytest.mark.parametrize(("text", "length"), [("0", 0), ("1x", -1), ("-1", -1), ("", -1)])
-def test_a_declared_length_that_is_not_a_number_reads_as_negative(text: str, length: int) -> None:
-    head = edge.parse_head(f"POST / HTTP/1.1\r\nContent-Length: {text}\r\n\r\n".encode())
+@pytest.mark.parametrize(
+    ("text", "length"),
+    [(b"0", 0), (b"1x", -1), (b"-1", -1), (b"", -1), (b"\xb2", -1), (b"\xb9\xb2", -1)],
+)
+def test_a_declared_length_that_is_not_a_number_reads_as_negative(text: bytes, length: int) -> None:
+    """ASCII digits only (RFC 9110: `Content-Length = 1*DIGIT`): a superscript digit (a head's
+    byte 0xB2 is `²` in Latin-1) is a digit to Python, not to HTTP."""
+    head = edge.parse_head(b"POST / HTTP/1.1\r\nContent-Length: " + text + b"\r\n\r\n")
     assert head is not None and head.content_length() == length
+
+
+@pytest.mark.parametrize("digits", [19, 4301, 60_000])
+def test_a_declared_length_of_more_digits_than_a_body_can_have_reads_as_too_long(
+    digits: int,
+) -> None:
+    """Bounded before it is converted: Python refuses to convert more than 4,300 digits."""
+    head = edge.parse_head(f"POST / HTTP/1.1\r\nContent-Length: {'9' * digits}\r\n\r\n".encode())
+    assert head is not None and head.content_length() == edge.TOO_LONG
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # the three requests that stopped a port or a worker (issue: a total request parser)
+        b"POST /admit/gpu-budget HTTP/1.1\r\nContent-Length: " + b"1" * 4301 + b"\r\n\r\n",
+        b"POST /admit/gpu-budget HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n",
+        b"POST http://[/admit/gpu-budget HTTP/1.1\r\n\r\n",
+    ],
+    ids=["4301-digits", "superscript-digit", "bracket-in-target"],
+)
+def test_the_heads_that_stopped_a_port_are_read_or_refused_never_raised(head: bytes) -> None:
+    parsed = edge.parse_head(head)
+    if parsed is not None:
+        assert parsed.content_length() in (edge.TOO_LONG, -1, None)
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [
+        ("/a?b", "/a"),
+        ("http://h/a", "/a"),
+        ("https://h:8443", "/"),
+        ("http://[::1]:80/a?q", "/a"),
+        ("http://[/a", None),
+        ("http://h]/a", None),
+        ("*", None),
+        ("h:443", None),
+        ("/a#frag", None),
+        ("/a\x00", None),
+        ("a/b", None),
+    ],
+)
+def test_a_request_target_is_read_in_the_forms_rfc_9112_allows(
+    target: str, path: str | None
+) -> None:
+    head = edge.parse_head(f"POST {target} HTTP/1.1\r\n\r\n".encode("latin-1"))
+    assert (head.path if head is not None else None) == path
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"POST /x HTTP/1.1\r\nA: 1\r\n folded\r\n\r\n",  # obs-fold
+        b"POST /x HTTP/1.1\r\nA: 1\rB: 2\r\n\r\n",  # a bare CR
+        b"POST /x HTTP/1.1\nA: 1\r\n\r\n",  # a bare LF
+        b"POST /x HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"P\xc9ST /x HTTP/1.1\r\n\r\n",  # a method of letters HTTP has not
+    ],
+    ids=["obs-fold", "bare-cr", "bare-lf", "length-beside-chunked", "latin-1-method"],
+)
+def test_what_rfc_9112_refuses_is_not_a_head(data: bytes) -> None:
+    assert edge.parse_head(data) is None
+
+
+@given(data=st.binary(max_size=300))
+@hypothesis_settings(max_examples=examples(2000), deadline=None)
+def test_every_byte_sequence_is_a_head_or_none_and_its_length_reads(data: bytes) -> None:
+    """Total: nothing a caller sends makes the reading of a head raise."""
+    for head in (data, b"POST /admit/gpu-budget HTTP/1.1\r\n" + data + b"\r\n\r\n"):
+        parsed = edge.parse_head(head)
+        if parsed is not None:
+            length = parsed.content_length()
+            assert length is None or length >= -1
 
 
 def test_an_edge_answer_is_whole_json_and_closes() -> None:
@@ -342,6 +425,43 @@ def loop() -> Iterator[Loop]:
     running = Loop()
     yield running
     running.close()
+
+
+def test_an_error_in_one_connections_handling_drops_it_and_the_loop_goes_on(loop: Loop) -> None:
+    """Whatever a connection's handling raises closes that connection, counted as `internal`,
+    and is told once per kind; the loop serves the next connection as before."""
+    errors: list[tuple[str, list[str]]] = []
+    failing = {"on": True}
+
+    def on_head(connection: edge.Connection, head: bytes, rest: bytes) -> None:
+        if failing["on"]:
+            raise ValueError(head.decode())  # a message that quotes the request
+        loop.heads.append((connection, head, rest))
+
+    loop.edge = edge.Edge(
+        loop.selector,
+        on_head,
+        head_seconds=5.0,
+        idle_seconds=3.0,
+        max_connections=8,
+        held_bytes_limit=1 << 20,
+        on_drop=loop.drops.append,
+        on_error=lambda kind, frames: errors.append((kind, frames)),
+        clock=lambda: loop.now,
+    )
+    for _ in range(2):
+        client = loop.connect()
+        client.sendall(b"POST / HTTP/1.1\r\nAuthorization: Bearer tok-123\r\n\r\n")
+        loop.turn()
+        assert client.recv(16) == b""  # closed
+    assert loop.drops == ["internal", "internal"]
+    assert [kind for kind, _ in errors] == ["ValueError"]  # once per kind
+    assert not any("tok-123" in line for _, frames in errors for line in frames)
+    failing["on"] = False
+    client = loop.connect()
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    assert len(loop.heads) == 1
 
 
 def test_a_head_in_pieces_is_handed_over_whole_with_what_followed_it(loop: Loop) -> None:

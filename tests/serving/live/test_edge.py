@@ -177,6 +177,43 @@ def test_an_admission_review_that_declares_a_gigabyte_is_413_at_once_and_closed(
         assert customize(server, pki).status_code == 200
 
 
+HEADS_THAT_STOPPED_A_PORT = [
+    b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"1" * 4301 + b"\r\n\r\n",
+    b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n",
+    b"POST http://[/admit/gpu-budget HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("admission", [True, False], ids=["admission-port", "hook-port"])
+def test_no_head_a_caller_sends_stops_a_port_or_a_worker(
+    pki: dict[str, Path], tmp_path: Path, admission: bool
+) -> None:
+    """Each head that once killed the admission port's listener (or the hook port's worker),
+    sent with no token, several times: the port still answers, the worker is the same one, and
+    the log holds JSON lines only."""
+    with served(pki, tmp_path) as server:
+        assert customize(server, pki).status_code == 200
+        booted = server.log_path.read_text().count("Booting worker")
+        for _ in range(3):
+            for head in HEADS_THAT_STOPPED_A_PORT:
+                with tls_to(server, pki, admission=admission) as tls:
+                    tls.sendall(head)
+                    answer = head_answer(tls)
+                assert answer == b"" or answer.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4"))
+        assert customize(server, pki).status_code == 200
+        review = requests.post(
+            f"{server.admission}/admit/gpu-budget",
+            data=(EXAMPLES / "admit-gpu-budget.json").read_bytes(),
+            verify=str(pki["ca"]),
+            timeout=10,
+        )
+        assert review.status_code == 200
+        log = server.log_path.read_text()
+        assert "Traceback" not in log and "Exception in thread" not in log
+        assert "unexpected error" not in log  # read as a head or refused, never an error
+        assert log.count("Booting worker") == booted  # no worker died and was replaced
+
+
 def test_without_the_token_a_call_that_expects_100_continue_gets_401_and_never_100(
     pki: dict[str, Path], tmp_path: Path
 ) -> None:
