@@ -127,7 +127,8 @@ class HeadChecks:
             return None
         refusal = self.refusal(head)
         if refusal is not None:
-            the_edge.respond(connection, self.refused(head, refusal, connection.accepted_at))
+            # timed from its own head: a kept-alive connection may have idled long before it
+            the_edge.respond(connection, self.refused(head, refusal, connection.head_started))
             return None
         return head
 

@@ -218,3 +218,37 @@ def test_each_port_refuses_the_routes_of_the_other_naming_where_they_are_served(
         404, "/status/sync is not served on this port: elsewhere"
     )
     assert hooks.refusal(sync) is None and reviews.refusal(review) is None
+
+
+def test_a_refusal_is_timed_from_its_own_head_not_from_the_connections_accept(
+    settings: Settings,
+) -> None:
+    """A 405 on a kept-alive connection that idled for seconds before it took no seconds: its
+    duration (log line, histogram) counts from when its head began."""
+    checks = head_checks(settings, "metacontroller")
+    timed_from: list[float] = []
+    refused = checks.refused
+
+    def refused_since(head: edge.Head, refusal: Refusal, since: float) -> bytes:
+        timed_from.append(since)
+        return refused(head, refusal, since)
+
+    checks.refused = refused_since  # type: ignore[method-assign]
+    kept_alive = edge.Connection(
+        sock=None,  # type: ignore[arg-type]
+        address=None,
+        state=edge.State.READING_HEADERS,
+        deadline=0.0,
+        accepted_at=100.0,
+        head_started=103.0,
+    )
+    answered: list[bytes] = []
+
+    class Answering:
+        def respond(self, connection: edge.Connection, data: bytes) -> None:
+            answered.append(data)
+
+    head = b"GET /status/customize HTTP/1.1\r\nHost: x\r\n\r\n"
+    assert checks.passed(Answering(), kept_alive, head) is None  # type: ignore[arg-type]
+    assert answered[0].startswith(b"HTTP/1.1 405 ")
+    assert timed_from == [103.0]
