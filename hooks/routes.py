@@ -155,6 +155,13 @@ class Hook:
     def https_only(self) -> bool:
         return self.caller == "apiserver"
 
+    @property
+    def sheddable(self) -> bool:
+        """Refused with 429 when the threads are too far behind; never a customize call: it is
+        cheap, and Metacontroller skips the related events of a parent whose customize call
+        failed until its next relist."""
+        return not self.path.endswith("/customize")
+
 
 def _sync_answer(outcome: StatusOutcome | LicenseOutcome) -> Answer:
     """A sync's answer: its log line names the class, and so does the warning of what it skipped;

@@ -148,7 +148,9 @@ class HeadChecks:
             content_length=head.content_length(),
             chunked=head.chunked,
         )
-        return refused or self._busy(hook)
+        if refused is not None or not hook.sheddable:
+            return refused
+        return self._busy(hook)
 
     def _busy(self, hook: Hook) -> Refusal | None:
         within = self._settings.answer_within_seconds(hook.caller)

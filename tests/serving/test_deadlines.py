@@ -162,7 +162,7 @@ def test_the_edge_refuses_at_once_a_call_that_would_wait_past_half_its_time(
 ) -> None:
     """Decided in the event loop, before a thread is taken: 429 with Retry-After."""
     checks = head_checks(settings, "metacontroller")
-    head = edge.parse_head(b"POST /status/customize HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = edge.parse_head(b"POST /status/sync HTTP/1.1\r\nHost: x\r\n\r\n")
     assert head is not None
     checks.backlog.per_call = 10.0
     checks.backlog.busy = 2  # both threads taken: the next call is 5 s away, of its 29
@@ -173,6 +173,9 @@ def test_the_edge_refuses_at_once_a_call_that_would_wait_past_half_its_time(
     assert checks.refusal(head) == Refusal(
         429, "the service is busy: a thread is 15.0 s away; retry later", {"Retry-After": "1"}
     )
+    # a customize call is never shed: refused, its parent would lose its related events
+    customize = edge.parse_head(b"POST /status/customize HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert customize is not None and checks.refusal(customize) is None
     reviews = head_checks(settings, "apiserver")
     review = edge.parse_head(b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\n\r\n")
     assert review is not None
