@@ -28,6 +28,10 @@ JSON = "application/json"
 RETRY_AFTER_SECONDS = 5
 # When the edge took the call (`now()`), in its WSGI environment: its caller's clock started then.
 ACCEPTED_AT = "hooks.accepted_at"
+# When the edge handed the call to the pool of threads: its head whole (the hook port), or its
+# body whole (the admission port, whose bodies the event loop reads). The wait for a thread
+# counts from there; the call's deadline from ACCEPTED_AT.
+HANDED_AT = "hooks.handed_at"
 # In the WSGI environment of a call whose body the server read whole before calling the app, its
 # memory held by that server (the admission port's, `hooks.serving.webhook`): the app reserves
 # none of the memory budget for it.
@@ -58,7 +62,7 @@ class Call:
     body_bytes: int | None = None  # the declared body, once it was read whole
     log_fields: dict[str, Any] = field(default_factory=dict)
     memory: Admitted | None = None  # its share of the memory budget, until released
-    waited: float = 0.0  # for a thread, from when the edge took it
+    waited: float = 0.0  # for a thread, from when the edge handed it to the pool
     deadline_token: Token[float | None] | None = None  # its deadline, for the API reads
 
     def elapsed_seconds(self) -> float:
@@ -78,9 +82,12 @@ def begin_call(answer_within: float = float("inf")) -> Call:
     """The call's record: from when the edge took it, when it reached this thread otherwise."""
     started = now()
     accepted = request.environ.get(ACCEPTED_AT) if request else None
+    handed = request.environ.get(HANDED_AT) if request else None
     waited = 0.0
     if isinstance(accepted, float) and accepted <= started:
-        started, waited = accepted, started - accepted
+        if not isinstance(handed, float) or not accepted <= handed <= started:
+            handed = accepted
+        started, waited = accepted, started - handed
     g.call = Call(started, started + answer_within, waited=waited)
     return current_call()
 

@@ -525,7 +525,8 @@ class Metrics:
         )
         self.thread_wait = Histogram(
             "cozystack_gpu_hook_thread_wait_seconds",
-            "Time calls waited for a thread of the worker, from when the edge took them",
+            "Time calls waited for a thread of the worker, from when the edge handed them over "
+            "(the head whole; a review's body whole)",
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )

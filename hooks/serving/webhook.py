@@ -102,7 +102,8 @@ class Webhook(listeners.Listener):
             connection: edge.Connection, head_bytes: bytes, body: bytes, release: Callable[[], None]
         ) -> None:
             self._checks.backlog.handed()
-            future = self._pool.submit(self._judge, connection, head, body, release)
+            handed = time.monotonic()
+            future = self._pool.submit(self._judge, connection, head, body, release, handed)
             future.add_done_callback(
                 lambda done: self.call_soon(lambda: self._answered(connection, done))
             )
@@ -123,6 +124,7 @@ class Webhook(listeners.Listener):
         head: edge.Head,
         body: bytes,
         release: Callable[[], None],
+        handed: float,
     ) -> tuple[bytes, bool, float]:
         """In a thread: the app's answer to the review, whether the connection stays open, and
         how long the thread took."""
@@ -130,6 +132,7 @@ class Webhook(listeners.Listener):
         try:
             environ = wsgi_environ(head, body, connection, self._scheme)
             environ[http.ACCEPTED_AT] = connection.head_started
+            environ[http.HANDED_AT] = handed  # its body whole: the wait for a thread starts
             environ[http.BODY_HELD] = True
             status, headers, payload = call_wsgi(self._app, environ)
         finally:

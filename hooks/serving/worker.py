@@ -72,8 +72,9 @@ class HookWorker(ThreadWorker):
 
     _edge: edge.Edge | None = None
     _checks: HeadChecks | None = None
-    # By id of the connection's socket: when the edge took its call, when a thread began it.
-    _taken: dict[int, float]
+    # By id of the connection's socket: when the edge took its call and handed it to the pool
+    # (`_taken`), when a thread began it (`_started`).
+    _taken: dict[int, tuple[float, float]]
     _started: dict[int, float]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -98,9 +99,9 @@ class HookWorker(ThreadWorker):
 
         def timed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             key = id(environ.get("gunicorn.socket"))
-            accepted = taken.pop(key, None)
-            if accepted is not None:
-                environ[http.ACCEPTED_AT] = accepted
+            times = taken.pop(key, None)
+            if times is not None:
+                environ[http.ACCEPTED_AT], environ[http.HANDED_AT] = times
             started[key] = http.now()
             return app(environ, start_response)
 
@@ -204,7 +205,7 @@ class HookWorker(ThreadWorker):
         self._edge.hand_off(connection)
         # The call's clock starts with its request: at accept, or when a kept-alive connection
         # sent again (the edge's clock is the call's, `http.now`).
-        self._taken[id(connection.sock)] = connection.head_started or http.now()
+        self._taken[id(connection.sock)] = (connection.head_started or http.now(), http.now())
         self._checks.backlog.handed()
         future = self.tpool.submit(self.handle, tconn)
         future.add_done_callback(

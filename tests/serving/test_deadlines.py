@@ -255,3 +255,23 @@ def test_a_refusal_is_timed_from_its_own_head_not_from_the_connections_accept(
     assert checks.passed(Answering(), kept_alive, head) is None  # type: ignore[arg-type]
     assert answered[0].startswith(b"HTTP/1.1 405 ")
     assert timed_from == [103.0]
+
+
+def test_the_wait_for_a_thread_counts_from_the_hand_off_not_from_the_first_byte(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review whose body took 5 s to arrive, handed to an idle thread at once, waited for
+    nothing: it is judged, within what is left of its deadline (counted from its head)."""
+    monkeypatch.setattr(http, "now", lambda: NOW)
+    inputs = Recording()
+    metrics = Metrics(180.0)
+    client = create_app(settings, budgets=inputs, metrics=metrics).test_client()  # type: ignore[arg-type]
+    response = client.post(
+        "/admit/gpu-budget",
+        json=review(),
+        base_url=HTTPS,
+        environ_overrides={http.ACCEPTED_AT: NOW - 5.0, http.HANDED_AT: NOW},
+    )
+    assert response.status_code == 200
+    assert metrics.thread_wait._sum.get() == 0.0
+    assert inputs.left == [9.0 - 5.0 - http.ANSWER_RESERVE_SECONDS]
