@@ -51,6 +51,9 @@ class Route:
     # Seconds between the body's bytes, sent one at a time: each gap within any per-read
     # timeout, the whole far past it.
     trickle: float = 0.0
+    # The same for the status line and headers: the head itself trickled.
+    head_trickle: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 def list_of(
@@ -111,9 +114,22 @@ def fake_apiserver() -> Iterator[FakeApiServer]:
                 body = body(query)
             payload = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
+                if route.head_trickle:
+                    head = (
+                        f"HTTP/1.1 {route.code} OK\r\nContent-Type: application/json\r\n"
+                        f"X-Padding: {'x' * 1000}\r\nContent-Length: {len(payload)}\r\n\r\n"
+                    ).encode()
+                    for byte in head:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(route.head_trickle)
+                    self.wfile.write(payload)
+                    return
                 self.send_response(route.code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
+                for name, value in route.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 if not route.trickle:
                     self.wfile.write(payload)

@@ -3,17 +3,21 @@
 The service account token is re-read on every call (kubelet rotates it); the CA is the service
 account's unless `GPUCLASS_KUBE_CA_FILE` says otherwise. Every GET ends, answered whole or given up,
 within `GPUCLASS_KUBE_TIMEOUT_SECONDS` and within the deadline of the call it is made for
-(`CALL_DEADLINE`, which the serving side sets per call): `requests` bounds each socket read, so
-a server that trickles its body would otherwise hold the caller as long as it liked. A failed
-read raises `Unreadable`, whose message says why in a few words and is safe to show (no
-credentials, no body, no path): the reader that called names what it was reading.
+(`CALL_DEADLINE`, which the serving side sets per call), from connect to the body's last byte,
+however the server paces its headers or its body: `requests` bounds each socket read only, so a
+watchdog shuts the read's socket down when the deadline passes. A redirect is not followed (the
+API never redirects a read). A failed read raises `Unreadable`, whose message says why in a few
+words and is safe to show (no credentials, no body, no path): the reader that called names what
+it was reading.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,9 @@ from typing import Any
 import msgspec
 import requests
 import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from hooks.settings import Settings
 from hooks.wire.problems import Undecodable, Unreadable, decoded
@@ -65,6 +72,87 @@ def _body_by(response: requests.Response, end: float) -> bytes:
         raise Unreadable(f"request failed ({type(error).__name__})") from None
 
 
+class _Watchdog:
+    """Shuts a read's socket down at `end`, whatever the read waits for then: a header line
+    trickled a byte at a time, a body, a redirect's answer. The blocked read fails at once. The
+    socket is the one the request was sent on (`_WatchedConnection`), new or kept alive; a
+    connect is bounded by its own timeout."""
+
+    def __init__(self, end: float) -> None:
+        self.fired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, end - time.monotonic()), self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            sock = self._sock
+        if sock is not None:
+            _shut(sock)
+
+    def reading(self, sock: socket.socket | None) -> None:
+        """The request was sent on this socket: it is the one to shut at the deadline."""
+        with self._lock:
+            self._sock = sock
+            fired = self.fired
+        if fired and sock is not None:
+            _shut(sock)
+
+    def __enter__(self) -> _Watchdog:
+        _WATCHING.dog = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _WATCHING.dog = None
+
+
+def _shut(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watching(threading.local):
+    dog: _Watchdog | None = None
+
+
+_WATCHING = _Watching()
+
+
+class _WatchedConnection(HTTPConnection):
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        dog = _WATCHING.dog
+        if dog is not None:
+            dog.reading(self.sock)
+        return super().getresponse(*args, **kwargs)
+
+
+class _WatchedHTTPSConnection(_WatchedConnection, HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _WatchedAdapter(HTTPAdapter):
+    """Connections that tell the thread's watchdog which socket a read is on."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": _WatchedHTTPPool,
+            "https": _WatchedHTTPSPool,
+        }
+
+
 class _Page(msgspec.Struct):
     items: list[msgspec.Raw] = []
     metadata: dict[str, Any] = {}
@@ -86,6 +174,8 @@ class ApiClient:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            session.mount("http://", _WatchedAdapter())
+            session.mount("https://", _WatchedAdapter())
             self._local.session = session
         return session
 
@@ -108,25 +198,34 @@ class ApiClient:
         verify: bool | str = True
         if base.startswith("https://") and settings.kube_ca_file.is_file():
             verify = str(settings.kube_ca_file)
-        try:
-            response = self._session().get(
-                base + path,
-                params=params,
-                headers=headers,
-                timeout=left,
-                verify=verify,
-                stream=True,
-            )
-        except requests.Timeout:
-            raise Unreadable("timed out") from None
-        except requests.RequestException as error:
-            raise Unreadable(f"request failed ({type(error).__name__})") from None
-        with response:
-            if response.status_code == 404:
-                raise NotFound("not found")
-            if response.status_code != 200:
-                raise Unreadable(f"HTTP {response.status_code}")
-            return _body_by(response, end)
+        with _Watchdog(end) as watchdog:
+            try:
+                response = self._session().get(
+                    base + path,
+                    params=params,
+                    headers=headers,
+                    timeout=left,
+                    verify=verify,
+                    stream=True,
+                    allow_redirects=False,
+                )
+            except requests.Timeout:
+                raise Unreadable("timed out") from None
+            except requests.RequestException as error:
+                if watchdog.fired:
+                    raise Unreadable("timed out") from None
+                raise Unreadable(f"request failed ({type(error).__name__})") from None
+            with response:
+                if response.status_code == 404:
+                    raise NotFound("not found")
+                if response.status_code != 200:
+                    raise Unreadable(f"HTTP {response.status_code}")
+                try:
+                    return _body_by(response, end)
+                except Unreadable:
+                    if watchdog.fired:
+                        raise Unreadable("timed out") from None
+                    raise
 
     def list(self, path: str, label_selector: str | None = None) -> Iterator[msgspec.Raw]:
         """Every object of a list endpoint, page by page, each left raw for its own decoder."""

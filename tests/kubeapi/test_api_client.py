@@ -138,6 +138,32 @@ def test_a_body_trickled_within_every_read_timeout_is_given_up_as_a_whole(
     assert time.monotonic() - started < 20  # the whole body would take over 50 s
 
 
+def test_headers_trickled_within_every_read_timeout_are_given_up_at_the_reads_deadline(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """A server that sends its status line and headers a byte at a time answers every socket
+    read in time: the read is bounded as a whole, headers included, and its socket is shut down
+    at its deadline (the whole head would take over 50 s)."""
+    apiserver.routes["/trickled"] = Route(200, {"items": []}, head_trickle=0.05)
+    client = ApiClient(settings.model_copy(update={"kube_timeout_seconds": 0.5}))
+    started = time.monotonic()
+    with pytest.raises(Unreadable, match=r"^timed out$"):
+        client.get("/trickled")
+    assert time.monotonic() - started < 20
+    assert client.get(KUBEVIRT_PATH)  # the next read, on a new connection, is answered
+
+
+def test_a_redirect_is_never_followed(settings: Settings, apiserver: FakeApiServer) -> None:
+    """The API never redirects a read: a 3xx is an unreadable answer, and where it points is
+    never asked, however slowly it was sent."""
+    apiserver.routes["/moved"] = Route(
+        302, {"kind": "Status"}, delay=0.2, headers={"Location": f"{apiserver.url}/elsewhere"}
+    )
+    with pytest.raises(Unreadable, match=r"^HTTP 302$"):
+        ApiClient(settings).get("/moved")
+    assert [path for path, _ in apiserver.requests] == ["/moved"]
+
+
 def test_a_read_ends_by_the_deadline_of_the_call_it_is_made_for(
     settings: Settings, apiserver: FakeApiServer
 ) -> None:
