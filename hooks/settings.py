@@ -96,6 +96,14 @@ class Settings(BaseSettings):
         gt=0,
         le=30,
     )
+    kube_read_max_bytes: int = setting(
+        64 * 1024 * 1024,
+        "the most one API read may return, decompressed: past it the read fails as unreadable, "
+        "naming the size, and nothing more of it is held (a page of the largest list the hooks "
+        "read is a few megabytes)",
+        chart="maxApiReadBytes",
+        ge=1024 * 1024,
+    )
     kubevirt_cache_seconds: float = setting(
         5.0,
         "how long a KubeVirt read that found the CR (or found it absent) answers every class sync; "

@@ -28,7 +28,6 @@ from tests import cozystack  # noqa: E402 (the checkout's own test helpers)
 BUGS = Path(__file__).with_name("bugs")
 VENV = ROOT / ".venv"
 CAUGHT_BY = "Caught by: "
-COZYSTACK_ARCHIVE = "GPUCLASS_COZYSTACK_ARCHIVE"
 PATCHES_APPLY = "tests/repo/test_mutation_report.py::test_every_bug_patch_still_applies_to_the_code"
 
 
@@ -70,7 +69,11 @@ def run_tests(copy: Path, tests: list[str]) -> subprocess.CompletedProcess[str]:
     # would fail first on each, and a patch no other test catches would pass for caught.
     addopts = f"-x -p no:cacheprovider --deselect={PATCHES_APPLY}"
     # The copies live elsewhere: they read Cozystack's sources where this checkout does.
-    env = {**os.environ, "PYTEST_ADDOPTS": addopts, COZYSTACK_ARCHIVE: str(cozystack.archive())}
+    env = {
+        **os.environ,
+        "PYTEST_ADDOPTS": addopts,
+        cozystack.ARCHIVE_VARIABLE: str(cozystack.archive()),
+    }
     if tests:
         testenv = os.environ.get("GPUCLASS_TESTENV_CACHE", "")
         env["PATH"] = f"{testenv}:{VENV}/bin:{env['PATH']}"

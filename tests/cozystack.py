@@ -45,10 +45,11 @@ DEFINITIONS = {
 }
 KUBERNETES_NODES_PREFIX = "kubernetes-nodes-"
 REST = "pkg/registry/apps/application/rest.go"
+ARCHIVE_VARIABLE = "GPUCLASS_COZYSTACK_ARCHIVE"
 
 
 def archive() -> Path:
-    configured = os.environ.get("GPUCLASS_COZYSTACK_ARCHIVE")
+    configured = os.environ.get(ARCHIVE_VARIABLE)
     path = (
         Path(configured)
         if configured
@@ -57,7 +58,7 @@ def archive() -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"Cozystack's sources are not at {path}: the tests build Cozystack's objects from "
-            "them (set GPUCLASS_COZYSTACK_ARCHIVE to the archive)"
+            f"them (set {ARCHIVE_VARIABLE} to the archive)"
         )
     return path
 

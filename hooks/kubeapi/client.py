@@ -49,11 +49,14 @@ def _read_token(path: Path) -> str | None:
         return None
 
 
-def _body_by(response: requests.Response, end: float) -> bytes:
-    """The body, read whole by `end` (time.monotonic()), or Unreadable: each read waits at most
-    what is left, so however the server paces its bytes, the caller is free at `end`."""
+def _body_by(response: requests.Response, end: float, limit: int) -> bytes:
+    """The body, read whole by `end` (time.monotonic()) and within `limit` bytes decompressed, or
+    Unreadable: each read waits at most what is left, so however the server paces its bytes, the
+    caller is free at `end`; and however much it sends, or however far it inflates, the caller
+    holds at most `limit` and a piece."""
     raw = response.raw
     pieces: list[bytes] = []
+    held = 0
     try:
         while True:
             left = end - time.monotonic()
@@ -65,6 +68,9 @@ def _body_by(response: requests.Response, end: float) -> bytes:
             piece = raw.read1(READ_BYTES, decode_content=True)
             if not piece:
                 return b"".join(pieces)
+            held += len(piece)
+            if held > limit:
+                raise Unreadable(f"the answer is over {limit} bytes")
             pieces.append(piece)
     except (urllib3.exceptions.HTTPError, OSError) as error:
         if isinstance(error, TimeoutError | urllib3.exceptions.TimeoutError):
@@ -221,7 +227,7 @@ class ApiClient:
                 if response.status_code != 200:
                     raise Unreadable(f"HTTP {response.status_code}")
                 try:
-                    return _body_by(response, end)
+                    return _body_by(response, end, settings.kube_read_max_bytes)
                 except Unreadable:
                     if watchdog.fired:
                         raise Unreadable("timed out") from None

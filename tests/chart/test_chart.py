@@ -519,6 +519,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
         "GPUCLASS_TLS_CERT_FILE": "/etc/gpuclass-hooks/tls/tls.crt",
         "GPUCLASS_TLS_KEY_FILE": "/etc/gpuclass-hooks/tls/tls.key",
         "GPUCLASS_MAX_BODY_BYTES": "1073741824",
+        "GPUCLASS_KUBE_READ_MAX_BYTES": "67108864",
         "GPUCLASS_METRICS_REQUIRE_AUTH": "true",
         "GPUCLASS_HOOK_TIMEOUT": "30s",
         "GPUCLASS_STATUS_RESYNC_SECONDS": "60",

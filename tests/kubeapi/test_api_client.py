@@ -5,6 +5,7 @@ test_real_apiserver.py, which starts processes and so is out of mutation testing
 
 from __future__ import annotations
 
+import gzip
 import json
 import ssl
 import threading
@@ -151,6 +152,26 @@ def test_headers_trickled_within_every_read_timeout_are_given_up_at_the_reads_de
         client.get("/trickled")
     assert time.monotonic() - started < 20
     assert client.get(KUBEVIRT_PATH)  # the next read, on a new connection, is answered
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_an_answer_past_the_read_bound_is_unreadable_and_not_held(
+    settings: Settings, apiserver: FakeApiServer, compressed: bool
+) -> None:
+    """Counted decompressed, as it is read: an answer of 4 MiB, or of a few kilobytes of gzip
+    that inflate to 4 MiB, against a bound of 1 MiB fails naming the bound."""
+    inflated = b'{"items": [], "padding": "' + b"x" * (4 << 20) + b'"}'
+    if compressed:
+        body = gzip.compress(inflated)
+        assert len(body) < 64 * 1024
+        route = Route(200, body, headers={"Content-Encoding": "gzip"})
+    else:
+        route = Route(200, inflated)
+    apiserver.routes["/large"] = route
+    bounded = ApiClient(settings.model_copy(update={"kube_read_max_bytes": 1 << 20}))
+    with pytest.raises(Unreadable, match=r"^the answer is over 1048576 bytes$"):
+        bounded.get("/large")
+    assert ApiClient(settings).get("/large") == inflated  # within the default bound
 
 
 def test_a_redirect_is_never_followed(settings: Settings, apiserver: FakeApiServer) -> None:

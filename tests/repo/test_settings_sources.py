@@ -12,14 +12,16 @@ import pytest
 import yaml
 
 from hooks.settings import ENV_PREFIX, Settings, declared, readme_with_table
-from tests import ROOT
+from tests import ROOT, cozystack
 
 CHART = ROOT / "metacontroller"
 DEPLOYMENT = CHART / "templates" / "deployment.yaml"
 FIELDS = sorted(Settings.model_fields)
 ENV_NAME = re.compile(rf"\b{ENV_PREFIX}[A-Z0-9_]+\b")
 # Variables of the build, not of the service: where `make` caches the test tools.
-BUILD_VARIABLES = {f"{ENV_PREFIX}TESTENV_CACHE"}
+# What the build and the tests read, not the service: where Go tools are cached, where
+# Cozystack's sources are.
+BUILD_VARIABLES = {f"{ENV_PREFIX}TESTENV_CACHE", cozystack.ARCHIVE_VARIABLE}
 
 
 def env(name: str) -> str:
