@@ -51,6 +51,14 @@ class ServiceState:
         self._draining = threading.Event()
         # Why the process may not report ready yet (a credential never valid), if anything.
         self.unready: Callable[[], list[str]] = list
+        # The ports served apart from the probes, each by a thread of its own.
+        self.listeners: list[Listener] = []
+
+    def stopped(self) -> list[str]:
+        """The listeners whose thread ended while nobody stopped them: their port refuses every
+        connection, so the process is neither ready nor live (the kubelet restarts it)."""
+        names = [(listener.name, listener.port) for listener in self.listeners if listener.stopped]
+        return [f"the {name} port's listener ({port}) stopped" for name, port in names]
 
     @property
     def draining(self) -> bool:
@@ -72,12 +80,15 @@ Route = Callable[[dict[str, str]], Reply]
 
 def health_routes(state: ServiceState) -> dict[str, Route]:
     def healthz(headers: dict[str, str]) -> Reply:
+        stopped = state.stopped()
+        if stopped:
+            return Reply(503, json.dumps({"error": "not live", "why": stopped}).encode())
         return Reply(200, b'{"status":"ok"}')
 
     def readyz(headers: dict[str, str]) -> Reply:
         if state.draining:
             return Reply(503, b'{"error":"shutting down"}')
-        reasons = state.unready()
+        reasons = [*state.stopped(), *state.unready()]
         if reasons:
             return Reply(503, json.dumps({"error": "not ready", "why": reasons}).encode())
         return Reply(200, b'{"status":"ready"}')
@@ -115,6 +126,7 @@ class Listener:
         held_bytes_limit: int = HELD_BYTES,
         backlog: int = BACKLOG,
     ) -> None:
+        self.name = name
         self._routes = routes
         self._soon: deque[Callable[[], None]] = deque()
         self._socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -169,6 +181,11 @@ class Listener:
         self.thread.join(5)
 
     @property
+    def stopped(self) -> bool:
+        """Its thread ended while nobody stopped it."""
+        return not self.thread.is_alive() and not self._stopping
+
+    @property
     def open(self) -> int:
         """Open connections (read from any thread: a snapshot)."""
         return self._edge.open
@@ -209,6 +226,12 @@ class Listener:
                 for key, mask in self._selector.select(self._edge.timeout()):
                     key.data(mask)
                 self._edge.expire()
+        except Exception as error:
+            # A connection's error never reaches here (the edge keeps it to that connection):
+            # this is the loop's own. Logged as a JSON line; the probes then report the port
+            # stopped (`ServiceState.stopped`).
+            frames = traceback.format_tb(error.__traceback__)[-3:]
+            log_unexpected(f"{self.name} listener", type(error).__name__, frames)
         finally:
             self._edge.close_all()
             self._selector.close()

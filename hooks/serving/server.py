@@ -150,7 +150,7 @@ class HookServer(BaseApplication):
             state=self.state,
         )
         worker.drain_with(admission)
-        listeners.start(
+        _, scrape = listeners.start(
             settings,
             options.host,
             options.health_port,
@@ -159,6 +159,8 @@ class HookServer(BaseApplication):
             metrics,
             tls,
         )
+        # The health port's own listener answers the probes: if it stops, they fail anyway.
+        self.state.listeners += [admission, scrape]
 
     def drain_on_sigterm(self, worker: Any) -> None:
         """SIGTERM: readiness turns false at once, then, after the drain delay (time for the

@@ -265,6 +265,31 @@ def test_a_listener_stops_promptly_and_its_thread_never_holds_the_process(
     assert not listener.thread.is_alive()
 
 
+def test_a_listener_that_stops_unbidden_makes_the_process_neither_ready_nor_live(
+    state: listeners.ServiceState,
+) -> None:
+    """Its port refuses every connection from then on: the probes say so, naming it, and the
+    kubelet restarts the pod."""
+    routes = listeners.health_routes(state)
+    admission = listeners.listen("127.0.0.1", 0, routes, None, head_seconds=5, name="admission")
+    state.listeners.append(admission)
+    assert routes["/readyz"]({}).code == 200 and routes["/healthz"]({}).code == 200
+
+    def fail() -> None:
+        raise RuntimeError("the loop ends")
+
+    admission.call_soon(fail)
+    admission.thread.join(10)
+    assert admission.stopped
+    why = f"the admission port's listener ({admission.port}) stopped"
+    for route in ("/readyz", "/healthz"):
+        reply = routes[route]({})
+        assert reply.code == 503 and why in reply.body.decode()
+    stopped_on_purpose = listeners.listen("127.0.0.1", 0, routes, None, head_seconds=5)
+    stopped_on_purpose.stop()
+    assert not stopped_on_purpose.stopped
+
+
 def test_a_worker_says_which_ports_it_listens_on(
     state: listeners.ServiceState, metrics: Metrics, caplog: pytest.LogCaptureFixture
 ) -> None:
