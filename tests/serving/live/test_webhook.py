@@ -14,9 +14,10 @@ import pytest
 import requests
 import trustme
 
+from hooks.kubeapi.budget import HELMRELEASES
 from hooks.serving import edge
 from tests import EXAMPLES
-from tests.fake_apiserver import FakeApiServer
+from tests.fake_apiserver import FakeApiServer, list_of
 from tests.live import LiveServer, live_server
 
 # Starts the real server (gunicorn) in a process of its own.
@@ -175,3 +176,26 @@ def test_with_client_certificates_required_on_the_hook_port_reviews_need_none(
                 verify=ca,
                 timeout=10,
             )
+
+
+def test_a_review_on_a_connection_kept_alive_long_before_it_has_its_whole_deadline(
+    tmp_path: Path, apiserver: FakeApiServer
+) -> None:
+    """The API server keeps its connections to a webhook open between reviews: a review's
+    deadline (and its wait for a thread) counts from its own head, not from the connection's
+    accept. With a 2 s webhook timeout, a review sent 2.5 s after the connection opened is
+    judged, not refused as if it had waited past its time."""
+    apiserver.serve(HELMRELEASES, 200, list_of([]))  # no budget anywhere: allowed, once read
+    env, ca = serving_files(tmp_path)
+    env = {**env, "GPUCLASS_KUBE_API": apiserver.url, "GPUCLASS_ADMISSION_TIMEOUT_SECONDS": "2"}
+    with live_server(env, tmp_path, scheme="https") as server, requests.Session() as session:
+        url = f"{server.admission}/admit/gpu-budget"
+        first = session.post(url, data=REVIEW, verify=ca, timeout=10)
+        assert first.status_code == 200 and first.json()["response"]["allowed"] is True
+        time.sleep(2.5)  # the connection idles, kept alive
+        second = session.post(url, data=REVIEW, verify=ca, timeout=10)
+        assert second.status_code == 200, second.text
+        # read and judged within its own time: not failed closed for want of it
+        assert second.json()["response"]["allowed"] is True, second.json()
+        scraped = requests.get(f"{server.metrics}/metrics", verify=ca, timeout=10).text
+        assert "cozystack_gpu_hook_calls_refused_busy_total 0.0" in scraped
