@@ -72,7 +72,7 @@ class State(enum.Enum):
 
 
 # Why a connection was closed before its request was served: its deadline, its size, the cap on
-# connections or on the bytes they hold, a failed handshake, a request that is not HTTP, the
+# connections or on the bytes they hold, a failed handshake, a socket that failed after it, the
 # peer closing before its handshake, its head or its body was complete (a kept-alive connection
 # closed between requests is not counted: that is how keep-alive ends), or an error of the
 # service's own while handling it (`internal`: logged, and the loop goes on).
@@ -166,36 +166,54 @@ _ABSOLUTE_FORM = re.compile(
 )
 
 
-def _target_path(target: str) -> str | None:
-    """The path of a request target in origin-form or absolute-form, or None for any other (the
-    asterisk- and authority-forms name no route) or a target no form allows (control characters,
-    a fragment, an authority that is no host)."""
+@dataclass(frozen=True)
+class Refused:
+    """A head that is refused as it is read: its status (400, or 414 for a target too long) and
+    why, in a few words that never quote it."""
+
+    code: int
+    message: str
+
+
+# The longest request target read (RFC 9112 3: 8,000 octets at least must be supported).
+TARGET_LIMIT = 8192
+NOT_HTTP = Refused(400, "not an HTTP/1.x request")
+
+
+def _target_path(target: str) -> str | Refused:
+    """The path of a request target in origin-form or absolute-form, or why not: the asterisk-
+    and authority-forms name no route; no form allows control characters, a fragment, or an
+    authority that is no host."""
+    if len(target) > TARGET_LIMIT:
+        return Refused(414, f"the request target is over {TARGET_LIMIT} bytes")
     if any(c <= " " or c == "\x7f" or c == "#" for c in target):
-        return None
+        return Refused(400, "the request target holds a character no target may")
     if target.startswith("/"):
         return target
     match = _ABSOLUTE_FORM.match(target)
     if match is None:
-        return None
+        return Refused(400, "the request target is neither a path nor an absolute URL")
     return target[match.end() :] or "/"
 
 
-def parse_head(data: bytes) -> Head | None:
-    """The head of one HTTP/1.x request (up to and with its blank line), or None when it is not
-    one: total, every byte sequence gives one of the two. gunicorn parses it again, strictly, in
-    the thread; this reading only decides what the edge refuses, and the app checks the same
-    again, so a difference can refuse, never admit. Refused as RFC 9112 says: a line folded onto
-    the one before (obs-fold), a bare CR or LF, `Transfer-Encoding` beside `Content-Length`."""
+def parse_head(data: bytes) -> Head | Refused:
+    """The head of one HTTP/1.x request (up to and with its blank line), or why it is refused:
+    total, every byte sequence gives one of the two. gunicorn parses it again, strictly, in the
+    thread; this reading only decides what the edge refuses, and the app checks the same again,
+    so a difference can refuse, never admit. Refused as RFC 9112 says: a line folded onto the one
+    before (obs-fold), a bare CR or LF, `Transfer-Encoding` beside `Content-Length`."""
     lines = data.decode("latin-1").split("\r\n")
     if any("\r" in line or "\n" in line for line in lines):
-        return None
+        return Refused(400, "a bare CR or LF in the request head")
     parts = lines[0].split(" ")
     if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1"):
-        return None
+        return NOT_HTTP
     method, target, _ = parts
+    if not method or not set(method) <= _METHOD_CHARACTERS:
+        return NOT_HTTP
     path = _target_path(target)
-    if not method or not set(method) <= _METHOD_CHARACTERS or path is None:
-        return None
+    if isinstance(path, Refused):
+        return path
     headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
@@ -203,11 +221,12 @@ def parse_head(data: bytes) -> Head | None:
         name, colon, value = line.partition(":")
         name = name.lower()
         if not colon or not name or not set(name) <= _TOKEN_CHARACTERS:
-            return None  # a folded line starts with a space: no header name
+            # a folded line starts with a space: no header name
+            return Refused(400, "a header line that is no `name: value`")
         value = value.strip(" \t")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     if "transfer-encoding" in headers and "content-length" in headers:
-        return None
+        return Refused(400, "Transfer-Encoding beside Content-Length")
     return Head(method, unquote(path.split("?", 1)[0]), headers)
 
 

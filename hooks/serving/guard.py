@@ -122,8 +122,8 @@ class HeadChecks:
         """The head, when the call may go on; else the connection is dropped (not HTTP) or
         answered with its refusal, and None."""
         head = edge.parse_head(head_bytes)
-        if head is None:
-            the_edge.drop(connection, "malformed")
+        if isinstance(head, edge.Refused):
+            the_edge.respond(connection, self.refused_unread(head, connection.head_started))
             return None
         refusal = self.refusal(head)
         if refusal is not None:
@@ -161,9 +161,16 @@ class HeadChecks:
         message = f"the service is busy: a thread is {wait:.1f} s away; retry later"
         return Refusal(429, message, {"Retry-After": str(http.BUSY_RETRY_AFTER_SECONDS)})
 
+    def refused_unread(self, refused: edge.Refused, since: float) -> bytes:
+        """A head that is not one the edge reads: counted under no route, logged, answered."""
+        return self._refusal_bytes("unmatched", Refusal(refused.code, refused.message), since)
+
     def refused(self, head: edge.Head, refusal: Refusal, since: float) -> bytes:
         """A call the loop answers: counted and logged; the answer's bytes."""
         route = head.path if head.path in self.hooks else "unmatched"
+        return self._refusal_bytes(route, refusal, since)
+
+    def _refusal_bytes(self, route: str, refusal: Refusal, since: float) -> bytes:
         seconds = time.monotonic() - since
         self._metrics.observe_call(route, refusal.code, seconds, 0)
         log(

@@ -240,8 +240,8 @@ class Listener:
 
     def answer_head(self, connection: edge.Connection, head_bytes: bytes, rest: bytes) -> None:
         head = edge.parse_head(head_bytes)
-        if head is None:
-            self._edge.drop(connection, "malformed")
+        if isinstance(head, edge.Refused):
+            self._edge.respond(connection, edge.response_bytes(head.code, head.message))
             return
         route = self._routes.get(head.path)
         try:

@@ -60,8 +60,9 @@ def test_an_absolute_target_is_read_by_its_path() -> None:
         b"POST /x HTTP/1.1\r\nbad name: v\r\n\r\n",
     ],
 )
-def test_what_is_not_a_request_head_is_none(data: bytes) -> None:
-    assert edge.parse_head(data) is None
+def test_what_is_not_a_request_head_is_refused_400(data: bytes) -> None:
+    refused = edge.parse_head(data)
+    assert isinstance(refused, edge.Refused) and refused.code == 400
 
 
 @pytest.mark.parametrize(
@@ -96,7 +97,7 @@ def test_a_declared_length_of_more_digits_than_a_body_can_have_reads_as_too_long
 )
 def test_the_heads_that_stopped_a_port_are_read_or_refused_never_raised(head: bytes) -> None:
     parsed = edge.parse_head(head)
-    if parsed is not None:
+    if isinstance(parsed, edge.Head):
         assert parsed.content_length() in (edge.TOO_LONG, -1, None)
 
 
@@ -120,7 +121,12 @@ def test_a_request_target_is_read_in_the_forms_rfc_9112_allows(
     target: str, path: str | None
 ) -> None:
     head = edge.parse_head(f"POST {target} HTTP/1.1\r\n\r\n".encode("latin-1"))
-    assert (head.path if head is not None else None) == path
+    assert (head.path if isinstance(head, edge.Head) else None) == path
+
+
+def test_a_request_target_too_long_is_414() -> None:
+    head = edge.parse_head(b"GET /" + b"a" * edge.TARGET_LIMIT + b" HTTP/1.1\r\n\r\n")
+    assert head == edge.Refused(414, f"the request target is over {edge.TARGET_LIMIT} bytes")
 
 
 @pytest.mark.parametrize(
@@ -135,7 +141,8 @@ def test_a_request_target_is_read_in_the_forms_rfc_9112_allows(
     ids=["obs-fold", "bare-cr", "bare-lf", "length-beside-chunked", "latin-1-method"],
 )
 def test_what_rfc_9112_refuses_is_not_a_head(data: bytes) -> None:
-    assert edge.parse_head(data) is None
+    refused = edge.parse_head(data)
+    assert isinstance(refused, edge.Refused) and refused.code == 400
 
 
 @given(data=st.binary(max_size=300))
@@ -144,9 +151,11 @@ def test_every_byte_sequence_is_a_head_or_none_and_its_length_reads(data: bytes)
     """Total: nothing a caller sends makes the reading of a head raise."""
     for head in (data, b"POST /admit/gpu-budget HTTP/1.1\r\n" + data + b"\r\n\r\n"):
         parsed = edge.parse_head(head)
-        if parsed is not None:
+        if isinstance(parsed, edge.Head):
             length = parsed.content_length()
             assert length is None or length >= -1
+        else:
+            assert parsed.code in (400, 414) and len(parsed.message) < 100
 
 
 def test_an_edge_answer_is_whole_json_and_closes() -> None:
