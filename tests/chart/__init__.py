@@ -84,6 +84,12 @@ def one(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found
 
 
+def named(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The one object of this kind and name."""
+    [found] = [d for d in by_kind(documents, kind) if d["metadata"]["name"] == name]
+    return found
+
+
 def crd() -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load(
         (CHART / "files" / "gpuclasses.cozystack.io.yaml").read_text()

@@ -45,6 +45,7 @@ from tests.chart import (
     crd,
     env_of,
     helm_run,
+    named,
     one,
     render,
     template,
@@ -585,11 +586,7 @@ def test_the_serving_certificate_names_the_service_by_every_name_a_client_uses()
 def test_pdb_and_rbac(default_render: list[dict[str, Any]]) -> None:
     assert one(default_render, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert by_kind(render("replicas=1"), "PodDisruptionBudget") == []
-    [role] = [
-        r
-        for r in by_kind(default_render, "ClusterRole")
-        if r["metadata"]["name"] == "gpu-gpuclass-hooks"
-    ]
+    role = named(default_render, "ClusterRole", "gpu-gpuclass-hooks")
     assert role["rules"] == [
         {
             "apiGroups": ["kubevirt.io"],
@@ -611,11 +608,7 @@ def test_the_budget_report_view_is_aggregated_into_cozystacks_tenant_view_role(
     """Cozystack's `cozy:tenant:view` (which its use, admin and super-admin roles aggregate in
     turn) selects ClusterRoles by a label: the chart's report view carries it."""
     [view] = [r for r in cozystack.tenant_roles() if r["metadata"]["name"] == "cozy:tenant:view"]
-    [report_view] = [
-        r
-        for r in by_kind(default_render, "ClusterRole")
-        if r["metadata"]["name"] == "gpu-gpuclass-hooks-budget-report-view"
-    ]
+    report_view = named(default_render, "ClusterRole", "gpu-gpuclass-hooks-budget-report-view")
     labels = report_view["metadata"]["labels"]
     assert any(
         selector["matchLabels"].items() <= labels.items()
@@ -628,11 +621,7 @@ def test_every_authenticated_user_may_read_gpuclasses_and_nothing_else_unless_na
 ) -> None:
     """A tenant choosing a class reads its status; the role grants reads of GPUClasses alone,
     bound to the groups named (every authenticated user by default), or to no one."""
-    [role] = [
-        r
-        for r in by_kind(default_render, "ClusterRole")
-        if r["metadata"]["name"] == "gpu-gpuclass-hooks-class-reader"
-    ]
+    role = named(default_render, "ClusterRole", "gpu-gpuclass-hooks-class-reader")
     assert role["rules"] == [
         {
             "apiGroups": ["cozystack.io"],
@@ -672,11 +661,7 @@ def test_tenants_view_role_lets_them_get_their_budget_report_and_nothing_else(
     """Cozystack's tenant roles aggregate ClusterRoles by this label and grant no ConfigMaps:
     the chart adds `get` on the one ConfigMap name the report writes, bound nowhere by itself
     (the tenant's own bindings decide where), and not the report's target label."""
-    [role] = [
-        r
-        for r in by_kind(default_render, "ClusterRole")
-        if r["metadata"]["name"] == "gpu-gpuclass-hooks-budget-report-view"
-    ]
+    role = named(default_render, "ClusterRole", "gpu-gpuclass-hooks-budget-report-view")
     assert role["metadata"]["labels"]["rbac.cozystack.io/aggregate-to-tenant-view"] == "true"
     assert "gpuclass.cozystack.io/budget-report" not in role["metadata"]["labels"]
     assert role["rules"] == [

@@ -226,7 +226,8 @@ def test_a_namespace_below_a_top_level_one_relates_nothing_and_drops_its_old_rep
     assert answered(client, body) == []
 
 
-@pytest.mark.parametrize(
+# A namespace being deleted, as its phase or its deletion timestamp says.
+being_deleted = pytest.mark.parametrize(
     "terminating",
     [
         {"status": {"phase": "Terminating"}},
@@ -234,28 +235,27 @@ def test_a_namespace_below_a_top_level_one_relates_nothing_and_drops_its_old_rep
     ],
     ids=["phase", "deletion-timestamp"],
 )
+
+
+def terminated(namespace: dict[str, Any], terminating: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **namespace,
+        **terminating,
+        "metadata": {**namespace["metadata"], **terminating.get("metadata", {})},
+    }
+
+
+@being_deleted
 def test_a_report_goes_only_where_its_namespace_is_not_terminating(
     client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
     """A namespace being deleted takes no new object: a ConfigMap there would fail the sync."""
     body = requests()["tenant-acme"]
-    namespace = body["object"]
-    body["object"] = {
-        **namespace,
-        **terminating,
-        "metadata": {**namespace["metadata"], **terminating.get("metadata", {})},
-    }
+    body["object"] = terminated(body["object"], terminating)
     assert answered(client, body) == []
 
 
-@pytest.mark.parametrize(
-    "terminating",
-    [
-        {"status": {"phase": "Terminating"}},
-        {"metadata": {"deletionTimestamp": "2026-12-04T00:00:00Z"}},
-    ],
-    ids=["phase", "deletion-timestamp"],
-)
+@being_deleted
 def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
     client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
@@ -264,11 +264,7 @@ def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
     metrics."""
     body = requests()["tenant-acme"]
     lab = body["related"][NAMESPACES]["tenant-acme-lab"]
-    body["related"][NAMESPACES]["tenant-acme-lab"] = {
-        **lab,
-        **terminating,
-        "metadata": {**lab["metadata"], **terminating.get("metadata", {})},
-    }
+    body["related"][NAMESPACES]["tenant-acme-lab"] = terminated(lab, terminating)
     assert [r["metadata"]["namespace"] for r in answered(client, body)] == ["tenant-acme"]
     outcome = budget_report.sync(
         decode_report_sync(json.dumps(body).encode()), "cozystack-values", "cozy-gpu"
