@@ -74,8 +74,9 @@ class State(enum.Enum):
 # Why a connection was closed before its request was served: its deadline, its size, the cap on
 # connections or on the bytes they hold, a failed handshake, a socket that failed after it, the
 # peer closing before its handshake, its head or its body was complete (a kept-alive connection
-# closed between requests is not counted: that is how keep-alive ends), or an error of the
-# service's own while handling it (`internal`: logged, and the loop goes on).
+# closed between requests is not counted: that is how keep-alive ends), a peer that did not read
+# its answer in time, or an error of the service's own while handling it (`internal`: logged,
+# and the loop goes on).
 DROP_REASONS = (
     "head_deadline",
     "head_too_large",
@@ -87,6 +88,7 @@ DROP_REASONS = (
     "closed_in_head",
     "closed_in_body",
     "body_deadline",
+    "answer_deadline",
     "internal",
 )
 
@@ -446,6 +448,8 @@ class Edge:
         self._arriving: OrderedDict[Connection, None] = OrderedDict()
         self._idle: OrderedDict[Connection, None] = OrderedDict()
         self._closing: OrderedDict[Connection, None] = OrderedDict()
+        # Kept-alive connections sending a call's answer.
+        self._answering: OrderedDict[Connection, None] = OrderedDict()
         # In the order they began (their deadlines follow their lengths).
         self._bodies: OrderedDict[Connection, None] = OrderedDict()
         self._in_call: set[Connection] = set()
@@ -561,6 +565,10 @@ class Edge:
             self.respond(connection, data)
             return
         connection.outgoing = data
+        # A peer has as long to read its answer as it had to send its head: one that does not
+        # read loses the connection, and what it held.
+        connection.deadline = self._clock() + self._head_seconds
+        self._answering[connection] = None
         self._send_answer(connection)
 
     def resume(self, connection: Connection, buffered: bytes) -> None:
@@ -603,6 +611,7 @@ class Edge:
             (self._arriving, "head_deadline"),
             (self._idle, None),
             (self._closing, None),
+            (self._answering, "answer_deadline"),
         ):
             while group:
                 connection = next(iter(group))
@@ -619,7 +628,7 @@ class Edge:
 
     def timeout(self) -> float:
         """How long the loop may sleep before a deadline is due."""
-        groups = (self._arriving, self._idle, self._closing)
+        groups = (self._arriving, self._idle, self._closing, self._answering)
         soonest = [next(iter(group)).deadline for group in groups if group]
         soonest += [connection.deadline for connection in self._bodies]
         if not soonest:
@@ -799,6 +808,7 @@ class Edge:
     def _send_answer(self, connection: Connection) -> None:
         """Send an answer on a connection kept alive; then back to waiting for a request."""
         if self._flush(connection):
+            self._answering.pop(connection, None)
             pending, connection.pending = connection.pending, b""
             self.resume(connection, pending)
 
@@ -901,7 +911,7 @@ class Edge:
             self._selector.unregister(connection.sock)
         if connection.state is State.HANDSHAKING and connection in self._arriving:
             self._handshaking -= 1
-        for group in (self._arriving, self._idle, self._closing, self._bodies):
+        for group in (self._arriving, self._idle, self._closing, self._bodies, self._answering):
             group.pop(connection, None)
         self._in_call.discard(connection)
         self._held -= connection.held

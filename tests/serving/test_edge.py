@@ -586,6 +586,29 @@ def test_a_client_gone_before_its_head_is_counted_by_where_it_stopped(loop: Loop
     assert loop.drops == ["closed_in_head", "closed_in_head"]
 
 
+def test_a_peer_that_does_not_read_its_answer_loses_the_connection_at_its_deadline(
+    loop: Loop,
+) -> None:
+    """An answer on a kept-alive connection is written under a deadline like a head is read
+    under one: a peer that never reads it holds neither the connection nor the answer past it."""
+    client = loop.connect()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+    loop.turn()
+    connection = loop.heads[-1][0]
+    loop.edge.hand_off(connection)
+    loop.edge.answer(connection, b"x" * (32 * 1024 * 1024), keep_alive=True)
+    loop.turn()
+    assert connection.outgoing  # the peer reads nothing: most of it is still to send
+    loop.now += 4.9  # within the head deadline (5 s)
+    loop.turn()
+    assert loop.drops == [] and loop.edge.open == 1
+    loop.now += 0.2
+    loop.turn()
+    assert loop.drops == ["answer_deadline"] and loop.edge.open == 0
+    assert connection.sock.fileno() == -1  # closed, and what it held let go
+
+
 def test_a_kept_alive_connection_closed_between_requests_is_not_a_drop(loop: Loop) -> None:
     client = loop.connect()
     loop.called(client)
