@@ -348,6 +348,9 @@ class Connection:
     body: BodyRead | None = None  # the body the loop is reading (`Edge.read_body`)
     # Read past the request being served: the start of the next one, for `Edge.answer`.
     pending: bytes = b""
+    # The answer being sent counts in this allowance until it is sent or the connection goes.
+    sending_from: Allowance | None = None
+    sending_held: int = 0
     accepted_at: float = 0.0
     # When the request being read began: at accept, or when a kept-alive connection sent again.
     head_started: float = 0.0
@@ -380,6 +383,12 @@ class Allowance:
                 return False
             self._used += count
             return True
+
+    def hold(self, count: int) -> None:
+        """Count bytes that are held already (an answer made): over the limit too, so that what
+        arrives next waits for them to go."""
+        with self._lock:
+            self._used += count
 
     def give(self, count: int) -> None:
         with self._lock:
@@ -558,13 +567,21 @@ class Edge:
         connection.pending = rest[length:]
         self._read_body(connection)
 
-    def answer(self, connection: Connection, data: bytes, *, keep_alive: bool) -> None:
+    def answer(
+        self,
+        connection: Connection,
+        data: bytes,
+        *,
+        keep_alive: bool,
+        allowance: Allowance | None = None,
+    ) -> None:
         """Send a call's whole answer from the loop; then the connection waits for its next
-        request (`keep_alive`), or is closed."""
+        request (`keep_alive`), or is closed. Until it is sent, the answer counts in `allowance`:
+        a peer that reads slowly holds its answer in the memory of the port it called."""
         if not keep_alive:
-            self.respond(connection, data)
+            self.respond(connection, data, allowance=allowance)
             return
-        connection.outgoing = data
+        self._set_outgoing(connection, data, allowance)
         # A peer has as long to read its answer as it had to send its head: one that does not
         # read loses the connection, and what it held.
         connection.deadline = self._clock() + self._head_seconds
@@ -587,11 +604,13 @@ class Edge:
         if self._hold(connection, _base_bytes(connection)):
             self._watch(connection, EVENT_READ)
 
-    def respond(self, connection: Connection, data: bytes) -> None:
+    def respond(
+        self, connection: Connection, data: bytes, *, allowance: Allowance | None = None
+    ) -> None:
         """Send a whole answer, then close (its unread input lingered over, off any thread)."""
         self._leave(connection)
         connection.state = State.CLOSING
-        connection.outgoing = data
+        self._set_outgoing(connection, data, allowance)
         connection.deadline = self._clock() + CLOSE_LINGER_SECONDS
         self._closing[connection] = None
         self._send(connection)
@@ -836,7 +855,22 @@ class Edge:
         except OSError:
             self._forget(connection)
             return False
+        self._sent(connection)
         return True
+
+    @staticmethod
+    def _set_outgoing(connection: Connection, data: bytes, allowance: Allowance | None) -> None:
+        connection.outgoing = data
+        if allowance is not None:
+            allowance.hold(len(data))
+            connection.sending_from, connection.sending_held = allowance, len(data)
+
+    @staticmethod
+    def _sent(connection: Connection) -> None:
+        """The answer is sent, or never will be: what it counted is given back."""
+        if connection.sending_from is not None:
+            connection.sending_from.give(connection.sending_held)
+            connection.sending_from, connection.sending_held = None, 0
 
     def _drain(self, connection: Connection) -> None:
         """Take (and discard, undecrypted) the peer's input until it closes, the cap or the
@@ -916,6 +950,7 @@ class Edge:
         self._in_call.discard(connection)
         self._held -= connection.held
         connection.held = 0
+        self._sent(connection)
         if connection.body is not None:
             connection.body.release()
 

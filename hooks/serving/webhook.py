@@ -103,9 +103,9 @@ class Webhook(listeners.Listener):
         ) -> None:
             self._checks.backlog.handed()
             handed = time.monotonic()
-            future = self._pool.submit(self._judge, connection, head, body, release, handed)
+            future = self._pool.submit(self._judge, connection, head, body, handed)
             future.add_done_callback(
-                lambda done: self.call_soon(lambda: self._answered(connection, done))
+                lambda done: self.call_soon(lambda: self._answered(connection, done, release))
             )
 
         self._edge.read_body(
@@ -123,20 +123,16 @@ class Webhook(listeners.Listener):
         connection: edge.Connection,
         head: edge.Head,
         body: bytes,
-        release: Callable[[], None],
         handed: float,
     ) -> tuple[bytes, bool, float]:
         """In a thread: the app's answer to the review, whether the connection stays open, and
         how long the thread took."""
         started = time.monotonic()
-        try:
-            environ = wsgi_environ(head, body, connection, self._scheme)
-            environ[http.ACCEPTED_AT] = connection.head_started
-            environ[http.HANDED_AT] = handed  # its body whole: the wait for a thread starts
-            environ[http.BODY_HELD] = True
-            status, headers, payload = call_wsgi(self._app, environ)
-        finally:
-            release()
+        environ = wsgi_environ(head, body, connection, self._scheme)
+        environ[http.ACCEPTED_AT] = connection.head_started
+        environ[http.HANDED_AT] = handed  # its body whole: the wait for a thread starts
+        environ[http.BODY_HELD] = True
+        status, headers, payload = call_wsgi(self._app, environ)
         keep_alive = head.headers.get("connection", "").lower() != "close" and not any(
             name.lower() == "connection" and value.lower() == "close" for name, value in headers
         )
@@ -149,16 +145,24 @@ class Webhook(listeners.Listener):
         return response_bytes(status, headers, payload), keep_alive, time.monotonic() - started
 
     def _answered(
-        self, connection: edge.Connection, done: Future[tuple[bytes, bool, float]]
+        self,
+        connection: edge.Connection,
+        done: Future[tuple[bytes, bool, float]],
+        release: Callable[[], None],
     ) -> None:
+        """In the loop: the answer is sent, counted in the port's share until it is (a peer
+        that does not read it holds it at most until the answer's deadline), and the body it
+        answers is given back."""
         try:
             answer, keep_alive, seconds = done.result()
         except Exception:  # the app answers its own errors; a close is all that is left
+            release()
             self._checks.backlog.answered(0.0)
             self._edge.close(connection)
             return
         self._checks.backlog.answered(seconds)
-        self._edge.answer(connection, answer, keep_alive=keep_alive)
+        self._edge.answer(connection, answer, keep_alive=keep_alive, allowance=self.allowance)
+        release()
 
 
 def wsgi_environ(

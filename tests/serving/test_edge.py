@@ -609,6 +609,32 @@ def test_a_peer_that_does_not_read_its_answer_loses_the_connection_at_its_deadli
     assert connection.sock.fileno() == -1  # closed, and what it held let go
 
 
+def test_an_answer_counts_in_the_ports_share_until_it_is_sent_or_its_peer_is_gone(
+    loop: Loop,
+) -> None:
+    """Anonymous reviews whose answers are never read held their answers outside any bound: the
+    answer's bytes count in the share the port's bodies take from until the last is sent, and
+    while they do, a body that does not fit beside them waits its turn (429)."""
+    share = edge.Allowance(1024 * 1024)
+    unread, reader = loop.connect(), loop.connect()
+    unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    for client in (unread, reader):
+        client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        loop.turn()
+    (held, _, _), (read, _, _) = loop.heads
+    for connection in (held, read):
+        loop.edge.hand_off(connection)
+    loop.edge.answer(held, b"x" * (32 * 1024 * 1024), keep_alive=True, allowance=share)
+    loop.edge.answer(read, b"y" * 1000, keep_alive=False, allowance=share)
+    loop.turn()
+    assert reader.recv(4096).endswith(b"y" * 1000)
+    assert share.used_bytes == 32 * 1024 * 1024  # the answer read is given back, not the other
+    assert not share.take(edge.SOCKET_BYTES)  # no room for a body beside it
+    loop.now += 5.1  # the answer's deadline: the head deadline
+    loop.turn()
+    assert loop.drops == ["answer_deadline"] and share.used_bytes == 0
+
+
 def test_a_kept_alive_connection_closed_between_requests_is_not_a_drop(loop: Loop) -> None:
     client = loop.connect()
     loop.called(client)
