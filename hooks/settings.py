@@ -98,9 +98,9 @@ class Settings(BaseSettings):
     )
     kube_read_max_bytes: int = setting(
         64 * 1024 * 1024,
-        "the most one API read may return, decompressed: past it the read fails as unreadable, "
-        "naming the size, and nothing more of it is held (a page of the largest list the hooks "
-        "read is a few megabytes)",
+        "what the API reads in flight in one worker may hold together, decompressed: a read past "
+        "it fails as unreadable, naming it, and nothing more of it is held (a page of the largest "
+        "list the hooks read is a few megabytes); the derived memory budget leaves it aside",
         chart="maxApiReadBytes",
         ge=1024 * 1024,
     )

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
-from hooks.kubeapi.client import ApiClient, NotFound
+from hooks.kubeapi.client import ApiClient, NotFound, ReadShare
 from hooks.rules.budget.instance_types import INSTANCE_TYPES_API, catalog_of
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.reservations import Catalog
@@ -92,10 +92,15 @@ class BudgetReader:
     """Reads GPUClasses, Tenant and app HelmReleases. Reviews run concurrently: no lock is held
     across a read, so a slow LIST delays only its own review."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        share: ReadShare | None = None,
+    ) -> None:
         self._settings = settings
         self._clock = clock
-        self._api = ApiClient(settings)
+        self._api = ApiClient(settings, share)
         self._releases = ApiReleases(self._api, settings.platform_values_secret)
         self._lock = threading.Lock()  # guards the class cache only
         self._classes: tuple[float, list[ClassIdentity]] | None = None

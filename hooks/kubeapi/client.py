@@ -49,11 +49,37 @@ def _read_token(path: Path) -> str | None:
         return None
 
 
-def _body_by(response: requests.Response, end: float, limit: int) -> bytes:
-    """The body, read whole by `end` (time.monotonic()) and within `limit` bytes decompressed, or
+class ReadShare:
+    """The memory the process sets aside for answers of the API being read: every read in flight
+    takes each piece of its answer from it as the piece arrives, and gives all back when it
+    ends, however it ends. One read may take all of it; past it the read fails."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def take(self, count: int) -> bool:
+        with self._lock:
+            if self._used + count > self.limit_bytes:
+                return False
+            self._used += count
+            return True
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._used -= count
+
+
+def _body_by(response: requests.Response, end: float, share: ReadShare) -> bytes:
+    """The body, read whole by `end` (time.monotonic()) and within the share decompressed, or
     Unreadable: each read waits at most what is left, so however the server paces its bytes, the
-    caller is free at `end`; and however much it sends, or however far it inflates, the caller
-    holds at most `limit` and a piece."""
+    caller is free at `end`; and however much it sends, or however far it inflates, the reads in
+    flight hold at most the share, and each a piece more."""
     raw = response.raw
     pieces: list[bytes] = []
     held = 0
@@ -68,14 +94,20 @@ def _body_by(response: requests.Response, end: float, limit: int) -> bytes:
             piece = raw.read1(READ_BYTES, decode_content=True)
             if not piece:
                 return b"".join(pieces)
+            if held + len(piece) > share.limit_bytes:
+                raise Unreadable(f"the answer is over {share.limit_bytes} bytes")
+            if not share.take(len(piece)):
+                raise Unreadable(
+                    f"the reads in flight hold the {share.limit_bytes} bytes set aside for them"
+                )
             held += len(piece)
-            if held > limit:
-                raise Unreadable(f"the answer is over {limit} bytes")
             pieces.append(piece)
     except (urllib3.exceptions.HTTPError, OSError) as error:
         if isinstance(error, TimeoutError | urllib3.exceptions.TimeoutError):
             raise Unreadable("timed out") from None
         raise Unreadable(f"request failed ({type(error).__name__})") from None
+    finally:
+        share.give(held)
 
 
 class _Watchdog:
@@ -170,11 +202,12 @@ _PAGE = msgspec.json.Decoder(_Page)
 class ApiClient:
     """GETs against the API server, safe to share between threads: `requests` sessions are not
     thread-safe, so each thread reads through a session of its own (and keeps its connection),
-    and no lock is held across a read."""
+    and no lock is held across a read. Clients of one process share one `ReadShare`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, share: ReadShare | None = None) -> None:
         self._settings = settings
         self._local = threading.local()
+        self._share = share or ReadShare(settings.kube_read_max_bytes)
 
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
@@ -227,7 +260,7 @@ class ApiClient:
                 if response.status_code != 200:
                     raise Unreadable(f"HTTP {response.status_code}")
                 try:
-                    return _body_by(response, end, settings.kube_read_max_bytes)
+                    return _body_by(response, end, self._share)
                 except Unreadable:
                     if watchdog.fired:
                         raise Unreadable("timed out") from None

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from hooks.kubeapi.client import CALL_DEADLINE, ApiClient, NotFound
+from hooks.kubeapi.client import CALL_DEADLINE, ApiClient, NotFound, ReadShare
 from hooks.rules.permitted_devices import (
     KubeVirtAbsent,
     KubeVirtFound,
@@ -56,6 +56,7 @@ class KubeVirtReader:
         *,
         clock: Callable[[], float] = time.monotonic,
         observe: ReadObserver | None = None,
+        share: ReadShare | None = None,
     ) -> None:
         self._settings = settings
         self._clock = clock
@@ -64,7 +65,7 @@ class KubeVirtReader:
         self._cached: tuple[float, KubeVirtView] | None = None
         self._reading: threading.Event | None = None
         self._last: KubeVirtView | None = None  # what the read in flight found, for its waiters
-        self._api = ApiClient(settings)
+        self._api = ApiClient(settings, share)
         self._location = f"{settings.kubevirt_namespace}/{settings.kubevirt_name}"
 
     def view(self) -> KubeVirtView:

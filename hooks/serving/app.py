@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from hooks.controllers.budget import BudgetInputs
 from hooks.kubeapi.budget import BudgetReader
-from hooks.kubeapi.client import CALL_DEADLINE
+from hooks.kubeapi.client import CALL_DEADLINE, ReadShare
 from hooks.kubeapi.kubevirt import KubeVirtReader
 from hooks.routes import HOOKS, Answer, FailedElsewhere, Hook, HookInputs
 from hooks.serving import apart, http
@@ -188,13 +188,20 @@ def create_app(
     memory: MemoryBudget | None = None,
     apart_from_bytes: int | None = LARGE_BODY_BYTES,
     guard: Guard | None = None,
+    reads: ReadShare | None = None,
 ) -> Flask:
     """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
     computed in a process of their own (`hooks.serving.apart`) where the system allows it; None
     computes every call in its thread."""
     exported = metrics or settings_metrics(settings)
-    reader = kubevirt or KubeVirtReader(settings, observe=exported.record_kubevirt_read)
-    inputs = HookInputs(settings, reader.view, budgets or BudgetReader(settings), clock)
+    # The process's API reads hold their answers in one share, whichever reader makes them.
+    reads = reads or ReadShare(settings.kube_read_max_bytes)
+    reader = kubevirt or KubeVirtReader(
+        settings, observe=exported.record_kubevirt_read, share=reads
+    )
+    inputs = HookInputs(
+        settings, reader.view, budgets or BudgetReader(settings, share=reads), clock
+    )
     if guard is None:
         tokens = TokenFile(settings.auth_token_file) if settings.auth_token_file else None
         guard = Guard(settings, tokens)

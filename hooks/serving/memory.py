@@ -185,11 +185,13 @@ class MemoryBudget:
 
 def memory_budget(settings: Settings) -> MemoryBudget | None:
     """The hooks' budget as the settings and the container's limit make it; None for none. A
-    budget derived from the limit leaves the admission port's share aside
-    (`GPUCLASS_ADMISSION_MEMORY_BYTES`, held by `hooks.serving.webhook`)."""
+    budget derived from the limit leaves aside the admission port's share
+    (`GPUCLASS_ADMISSION_MEMORY_BYTES`, held by `hooks.serving.webhook`) and the share of the
+    API's answers being read (`GPUCLASS_KUBE_READ_MAX_BYTES`, held by `hooks.kubeapi.client`)."""
     budget_bytes = configured_budget(settings.memory_budget_bytes, settings.memory_limit_bytes)
     if budget_bytes is None:
         return None
     if settings.memory_budget_bytes is None:
-        budget_bytes = max(budget_bytes - settings.admission_memory_bytes, budget_bytes // 2)
+        aside = settings.admission_memory_bytes + settings.kube_read_max_bytes
+        budget_bytes = max(budget_bytes - aside, budget_bytes // 2)
     return MemoryBudget(budget_bytes, max_wait_seconds=settings.memory_wait_seconds)

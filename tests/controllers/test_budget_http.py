@@ -12,6 +12,7 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from hooks.kubeapi.budget import GPUCLASSES, HELMRELEASES
+from hooks.kubeapi.client import ReadShare
 from hooks.rules.budget.keys import TOTAL_KEY, class_key
 from hooks.serving.app import create_app
 from hooks.serving.logs import LOGGER
@@ -75,6 +76,29 @@ def vm_body(namespace: str, name: str, *resources: str, **kwargs: Any) -> dict[s
 def test_within_budget_is_allowed_with_the_uid_echoed(client: FlaskClient) -> None:
     answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "train", OTHER_GPU))
     assert answer == {"uid": "8c1f5e2a-0c4d-4b5e-9a51-3d2f1b0e7a11", "allowed": True}
+
+
+def test_the_reads_of_a_review_and_of_a_status_sync_take_from_one_share(
+    settings: Settings, cluster: list[dict[str, Any]]
+) -> None:
+    """One share bounds what the process's API reads hold together: with it held by reads in
+    flight elsewhere, a review fails closed and a status sync goes without KubeVirt, each naming
+    the share; given back, both read again."""
+    reads = ReadShare(1 << 20)
+    client = create_app(
+        settings.model_copy(update={"admission_cache_seconds": 0}), reads=reads
+    ).test_client()
+    assert reads.take(1 << 20)
+    answer = review(client, "/admit/gpu-budget", vm_body("tenant-a", "train", OTHER_GPU))
+    assert answer["allowed"] is False
+    assert "the reads in flight hold the 1048576 bytes" in answer["status"]["message"]
+    sync = client.post("/status/sync", data=(EXAMPLES / "status-sync.json").read_bytes())
+    ready = sync.json["status"]["conditions"][-1]
+    assert ready["reason"] == "KubeVirtUnreadable"
+    assert "the reads in flight hold the 1048576 bytes" in ready["message"]
+    reads.give(1 << 20)
+    assert review(client, "/admit/gpu-budget", vm_body("tenant-a", "train", OTHER_GPU))["allowed"]
+    assert reads.used_bytes == 0
 
 
 def test_over_budget_is_denied_with_403_and_an_actionable_message(client: FlaskClient) -> None:

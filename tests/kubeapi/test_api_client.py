@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trustme
 
-from hooks.kubeapi.client import CALL_DEADLINE, ApiClient
+from hooks.kubeapi.client import CALL_DEADLINE, ApiClient, ReadShare
 from hooks.settings import Settings
 from hooks.wire.problems import Unreadable
 from tests.fake_apiserver import KUBEVIRT_PATH, FakeApiServer, Route
@@ -172,6 +172,25 @@ def test_an_answer_past_the_read_bound_is_unreadable_and_not_held(
     with pytest.raises(Unreadable, match=r"^the answer is over 1048576 bytes$"):
         bounded.get("/large")
     assert ApiClient(settings).get("/large") == inflated  # within the default bound
+
+
+def test_reads_in_flight_hold_their_answers_in_one_share_and_give_it_back_when_they_end(
+    settings: Settings, apiserver: FakeApiServer
+) -> None:
+    """The bound is on what the process's reads hold together, not on each alone: a read whose
+    answer does not fit beside what other reads hold fails naming the share, and every read,
+    answered or failed, gives back what it took."""
+    answer = b'{"padding": "' + b"x" * (300 << 10) + b'"}'
+    apiserver.routes["/page"] = Route(200, answer)
+    share = ReadShare(1 << 20)
+    reader = ApiClient(settings, share)
+    assert reader.get("/page") == answer and share.used_bytes == 0
+    assert share.take(800 << 10)  # another read in flight holds most of the share
+    with pytest.raises(Unreadable, match=r"^the reads in flight hold the 1048576 bytes set aside"):
+        reader.get("/page")
+    assert share.used_bytes == 800 << 10
+    share.give(800 << 10)
+    assert reader.get("/page") == answer and share.used_bytes == 0
 
 
 def test_a_redirect_is_never_followed(settings: Settings, apiserver: FakeApiServer) -> None:

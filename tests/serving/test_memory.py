@@ -202,13 +202,16 @@ def exported_budget(settings: Settings) -> float:
     return float(line.split()[1])
 
 
-def test_settings_give_the_budget_to_the_app_less_the_admission_share(
+def test_settings_give_the_budget_to_the_app_less_the_admission_and_api_read_shares(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Derived from the limit: the limit less the process's reserve, less what the admission
-    port holds apart (`GPUCLASS_ADMISSION_MEMORY_BYTES`); a budget set is the hooks' whole."""
+    port holds apart (`GPUCLASS_ADMISSION_MEMORY_BYTES`) and what API reads may hold
+    (`GPUCLASS_KUBE_READ_MAX_BYTES`); a budget set is the hooks' whole."""
     monkeypatch.setenv("GPUCLASS_MEMORY_LIMIT_BYTES", str(2048 * MIB))
-    assert exported_budget(Settings()) == (1792 - 32) * MIB
+    assert exported_budget(Settings()) == (1792 - 32 - 64) * MIB
+    monkeypatch.setenv("GPUCLASS_KUBE_READ_MAX_BYTES", str(128 * MIB))
+    assert exported_budget(Settings()) == (1792 - 32 - 128) * MIB
     monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", str(1000 * MIB))
     assert exported_budget(Settings()) == 1000 * MIB
     monkeypatch.setenv("GPUCLASS_MEMORY_BUDGET_BYTES", "0")
