@@ -58,13 +58,15 @@ SIZES ?= S,M
 bench: $(BIN)/gpuclass-hooks
 	$(BIN)/python -m bench.run --sizes $(SIZES)
 
-# Raw heads and bodies against a running admission listener (FUZZ_HEADS inputs; the unit tier
-# sends a few hundred), then coverage-guided fuzzing of the hook and admission routes (atheris);
+# Raw heads and bodies against every port (FUZZ_HEADS inputs each: the admission, health and
+# metrics listeners in process, the hook port through gunicorn; the unit and live tiers send a few
+# hundred), then coverage-guided fuzzing of the hook and admission routes (atheris);
 # not in CI. FUZZ_SECONDS bounds the second.
 FUZZ_SECONDS ?= 300
 FUZZ_HEADS ?= 100000
 fuzz: $(BIN)/gpuclass-hooks
-	GPUCLASS_FUZZ_HEADS=$(FUZZ_HEADS) $(BIN)/pytest -q -p no:cacheprovider tests/serving/test_head_fuzz.py
+	GPUCLASS_FUZZ_HEADS=$(FUZZ_HEADS) $(BIN)/pytest -q -p no:cacheprovider tests/serving/test_head_fuzz.py \
+		tests/serving/live/test_hook_port_fuzz.py
 	$(BIN)/pip install --quiet atheris
 	$(BIN)/python fuzz/fuzz_hooks.py seed .fuzz-corpus examples
 	$(BIN)/python fuzz/fuzz_hooks.py -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 .fuzz-corpus

@@ -46,6 +46,7 @@ def live_server(
     scheme: str = "http",
     image: str | None = None,
     cwd: Path | None = None,
+    ready_within: float = 20,
 ) -> Iterator[LiveServer]:
     port, health_port, metrics_port = free_port(), free_port(), free_port()
     admission_port = free_port()
@@ -72,7 +73,7 @@ def live_server(
     metrics = f"{scheme}://127.0.0.1:{metrics_port}"
     admission = f"{scheme}://127.0.0.1:{admission_port}"
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + ready_within
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"server exited: {log_path.read_text()}")

@@ -1,7 +1,8 @@
 """What the service relies on of gunicorn's gthread worker and of the standard thread pool beyond
 their public API, in this one module: how a connection whose head the edge read is handed to
 gthread's `handle`, the bytes gunicorn's parser read past a request, the body reader's count of
-what it has not read, and the queue of calls waiting for a thread.
+what it has not read, the queue of calls waiting for a thread, and the clock of a worker's
+heartbeat.
 
 None of these is documented by gunicorn; `tests/serving/live/test_gthread.py` names the gunicorn
 versions they hold for, and the live tests use each of them through the real server.
@@ -76,3 +77,12 @@ def queued_calls(worker: Any) -> Callable[[], int]:
     """How many calls wait for one of the worker's threads."""
     size: Callable[[], int] = worker.tpool._work_queue.qsize
     return size
+
+
+def heartbeat_from_fork(arbiter: Any, worker: Any) -> None:
+    """gunicorn's `pre_fork`: the new worker's heartbeat starts now, on the clock the arbiter
+    reads it with. The arbiter replaces a worker whose heartbeat is older than its timeout,
+    comparing `time.monotonic()` with the heartbeat file's modification time; until the worker's
+    first beat that time is the file's creation, on the wall clock, so far ahead of the
+    monotonic clock that a worker whose boot never finishes would never be replaced."""
+    worker.tmp.notify()

@@ -4,6 +4,11 @@ Logging never blocks serving: a line is formatted by whoever logs it, then hande
 queue that one writer thread drains into stderr. When stderr is not read (a stalled log
 pipeline), the writer waits, the queue fills, and further lines are dropped and counted instead
 of holding the event loop or a hook's thread; the writer says how many once it can write again.
+
+gunicorn forks its workers from a process whose writer may be writing at that moment, and a
+lock held at a fork stays held in the child for ever. So the writer writes to the file
+descriptor itself (a Python stream has a lock of its own around its buffer), and a forked
+process starts with its own queue, lock and writer.
 """
 
 from __future__ import annotations
@@ -12,12 +17,12 @@ import json
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 import traceback
+import weakref
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any
 
 LOGGER = logging.getLogger("gpuclass_hooks")
 
@@ -42,23 +47,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, separators=(",", ":"), default=str)
 
 
+STDERR = 2  # the descriptor: the writer writes to it directly
 QUEUED_LINES = 10_000
 FLUSH_SECONDS = 1.0
 
 
 class QueuedStream(logging.Handler):
-    """Lines for `stream`, written by one thread of this process; a line that finds the queue
-    full is dropped and counted, never waited for."""
+    """Lines for the file descriptor `fd`, written by one thread of this process; a line that
+    finds the queue full is dropped and counted, never waited for."""
 
-    def __init__(self, stream: TextIO, capacity: int = QUEUED_LINES) -> None:
+    def __init__(self, fd: int, capacity: int = QUEUED_LINES) -> None:
         super().__init__()
-        self.stream = stream
+        self.fd = fd
         self.dropped = 0  # since the process started
         self._capacity = capacity
         self._unsaid = 0  # dropped since the writer last said so
         self._count = threading.Lock()
         self._writer_pid = -1
         self._lines: queue.Queue[str] = queue.Queue(capacity)
+        _HANDLERS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's writer is not here, and may have held the lock."""
+        self._count = threading.Lock()
+        self._lines = queue.Queue(self._capacity)
+        self._writer_pid = -1
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -104,11 +117,23 @@ class QueuedStream(logging.Handler):
             time.sleep(0.01)
 
     def _write(self, line: str) -> None:
+        data = memoryview((line + "\n").encode())
         try:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError:
             pass  # stderr closed: nothing to tell anyone
+
+
+_HANDLERS: weakref.WeakSet[QueuedStream] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_HANDLERS):
+        handler._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def dropped_lines() -> int:
@@ -121,7 +146,7 @@ def configure(level: str = "info") -> None:
     never blocks the caller (idempotent: a second call changes nothing)."""
     if any(isinstance(h.formatter, JsonFormatter) for h in LOGGER.handlers):
         return
-    handler = QueuedStream(sys.stderr)
+    handler = QueuedStream(STDERR)
     handler.setFormatter(JsonFormatter())
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level.upper())

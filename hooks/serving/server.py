@@ -63,7 +63,7 @@ class JsonGunicornLogger(Logger):
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
         # Through the same queue as the service's lines: a stalled stderr never holds a worker.
-        queued = logs.QueuedStream(sys.stderr)
+        queued = logs.QueuedStream(logs.STDERR)
         queued.setFormatter(logs.JsonFormatter())
         self.error_log.handlers = [queued]
 
@@ -87,6 +87,10 @@ def gunicorn_options(settings: Settings, options: ServeOptions) -> dict[str, Any
         "errorlog": "-",
         "loglevel": settings.log_level,
         "logger_class": JsonGunicornLogger,
+        # gunicorn's control socket lets whoever shares the pod's user stop or rescale the
+        # workers, from a thread in the arbiter that every worker is forked beside: the service
+        # is managed by its Deployment alone.
+        "control_socket_disable": True,
         "worker_tmp_dir": options.worker_tmp_dir,
     }
     if settings.tls_cert_file is not None:
@@ -113,6 +117,8 @@ class HookServer(BaseApplication):
     def load_config(self) -> None:
         config = gunicorn_options(self.settings, self.options)
         config["post_worker_init"] = self.start_worker
+        # A worker whose boot does not finish within the timeout is replaced like a stuck one.
+        config["pre_fork"] = gthread.heartbeat_from_fork
         for key, value in config.items():
             if value is not None:
                 self.cfg.set(key, value)

@@ -1,8 +1,10 @@
 """No byte a caller sends stops a port: raw heads and bodies, built from RFC 9112's grammar and
-from the inputs that once did, sent to a running admission listener (its event loop, its head
-parser, its checks and its threads, in this process). After every input the listener is alive,
-the probes say so, and a review is still answered. `make fuzz` runs it on
-GPUCLASS_FUZZ_HEADS inputs (100,000); the unit tier on a few hundred."""
+from the inputs that once did, sent to each port's running listener in this process (the
+admission port: its event loop, head parser, checks and threads; the health and metrics ports).
+After every input the listener is alive, the probes say so, and the port still answers. The hook
+port, served by gunicorn's worker, is fuzzed live (`tests/serving/live/test_hook_port_fuzz.py`).
+`make fuzz` runs both on GPUCLASS_FUZZ_HEADS inputs per port (100,000); the unit and live tiers
+on a few hundred."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import suppress
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -82,14 +85,24 @@ def requests_(draw: st.DrawFn) -> bytes:
     return data if draw(st.booleans()) else data[:cut]
 
 
+@dataclass
+class Port:
+    """A running listener, and the request it must still answer after any input."""
+
+    listener: listeners.Listener
+    probe: bytes
+    answered: bytes  # how the answer to `probe` begins
+
+
 @pytest.fixture(scope="module")
-def admission() -> Iterator[tuple[webhook.Webhook, listeners.ServiceState, Metrics]]:
-    """A plain admission listener (its routes answer 403 over plain HTTP, after the head is
-    read and checked like any other), with short deadlines."""
+def ports() -> Iterator[tuple[dict[str, Port], listeners.ServiceState, Metrics]]:
+    """The admission, health and metrics listeners of one process, plain HTTP (the admission
+    routes answer 403 over it, after the head is read and checked like any other), with short
+    deadlines."""
     settings = Settings(header_timeout_seconds=0.3, admission_memory_bytes=4 * 1024 * 1024)
     state = listeners.ServiceState()
     metrics = Metrics(180.0)
-    listener = webhook.Webhook(
+    admission = webhook.Webhook(
         settings,
         "127.0.0.1",
         0,
@@ -100,9 +113,16 @@ def admission() -> Iterator[tuple[webhook.Webhook, listeners.ServiceState, Metri
         threads=2,
         state=state,
     )
-    state.listeners.append(listener)
-    yield listener, state, metrics
-    listener.stop()
+    health, scrape = listeners.start(settings, "127.0.0.1", 0, 0, state, metrics, None)
+    state.listeners += [admission, scrape]
+    served = {
+        "admission": Port(admission, REVIEW_HEAD, b"HTTP/1.1 403 "),
+        "health": Port(health, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 "),
+        "metrics": Port(scrape, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 200 "),
+    }
+    yield served, state, metrics
+    for port in served.values():
+        port.listener.stop()
 
 
 def exchange(port: int, data: bytes) -> bytes:
@@ -118,6 +138,7 @@ def exchange(port: int, data: bytes) -> bytes:
         return received
 
 
+# Answered 403 over plain HTTP: refused only for not coming over TLS, once read and checked.
 REVIEW_HEAD = b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -130,15 +151,16 @@ REVIEW_HEAD = b"POST /admit/gpu-budget HTTP/1.1\r\nHost: x\r\nContent-Length: 2\
 @example(data=b"POST /admit/gpu-budget HTTP/1.1\r\nContent-Length: " + b"1" * 4301 + b"\r\n\r\n")
 @example(data=b"POST /admit/gpu-budget HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n")
 @example(data=b"POST http://[/admit/gpu-budget HTTP/1.1\r\n\r\n")
-def test_no_input_stops_the_admission_port(
-    admission: tuple[webhook.Webhook, listeners.ServiceState, Metrics], data: bytes
+@pytest.mark.parametrize("name", ["admission", "health", "metrics"])
+def test_no_input_stops_a_port(
+    ports: tuple[dict[str, Port], listeners.ServiceState, Metrics], name: str, data: bytes
 ) -> None:
-    listener, state, metrics = admission
-    answer = exchange(listener.port, data)
+    served, state, metrics = ports
+    port = served[name]
+    answer = exchange(port.listener.port, data)
     assert answer == b"" or answer.startswith(b"HTTP/1.1 ")
-    assert not listener.stopped and state.stopped() == []
+    assert not port.listener.stopped and state.stopped() == []
     # read as a head or refused: never an error of the service's own
-    internal = metrics.connections_dropped.labels(listener="admission", reason="internal")
+    internal = metrics.connections_dropped.labels(listener=port.listener.name, reason="internal")
     assert internal._value.get() == 0
-    # the port answers a review, refused here only for coming over plain HTTP
-    assert exchange(listener.port, REVIEW_HEAD).startswith(b"HTTP/1.1 403 ")
+    assert exchange(port.listener.port, port.probe).startswith(port.answered)

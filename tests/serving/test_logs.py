@@ -6,6 +6,8 @@ import io
 import json
 import logging
 import os
+import select
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -166,7 +168,7 @@ def pristine_logger() -> Iterator[None]:
 
 
 def test_configure_sends_json_lines_to_stderr_once(
-    pristine_logger: None, capsys: pytest.CaptureFixture[str]
+    pristine_logger: None, capfd: pytest.CaptureFixture[str]
 ) -> None:
     configure("WARNING")
     configure("DEBUG")  # a second call changes nothing
@@ -176,7 +178,7 @@ def test_configure_sends_json_lines_to_stderr_once(
     log(logging.INFO, "not shown")
     log(logging.WARNING, "shown", n=1)
     LOGGER.handlers[0].flush()  # written by the writer thread
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()
     assert captured.out == ""
     [line] = captured.err.splitlines()
     assert {k: v for k, v in json.loads(line).items() if k != "time"} == {
@@ -265,8 +267,7 @@ def test_a_stalled_stderr_never_holds_whoever_logs_and_the_drops_are_counted_the
     """A pipe nobody reads fills at 64 KiB: the writer thread waits on it, the queue fills, and
     lines are dropped and counted; once the pipe is read again, the writer says how many."""
     reading, writing = os.pipe()
-    stream = os.fdopen(writing, "w")
-    handler = QueuedStream(stream, capacity=50)
+    handler = QueuedStream(writing, capacity=50)
     handler.setFormatter(JsonFormatter())
     logger = logging.getLogger("gpuclass_hooks.test.stalled")
     logger.addHandler(handler)
@@ -298,5 +299,58 @@ def test_a_stalled_stderr_never_holds_whoever_logs_and_the_drops_are_counted_the
         assert said[0]["reason"] == "stderr was not read in time"
     finally:
         logger.removeHandler(handler)
-        stream.close()
+        os.close(reading)  # a writer still waiting on the pipe fails, and is done
+        os.close(writing)
+
+
+@pytest.mark.parametrize("held", ["the writer's stream", "the drop count's lock"])
+def test_a_process_forked_while_the_writer_holds_a_lock_still_logs(held: str) -> None:
+    """gunicorn forks its workers while the arbiter's writer may be writing: a lock held at a
+    fork stays held in the child for ever, and a worker that waited on one at boot never
+    served. The child logs whatever the parent held."""
+    reading, writing = os.pipe()
+    handler = QueuedStream(writing, capacity=100_000)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("gpuclass_hooks.test.forked")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        if held == "the writer's stream":
+            for _ in range(200):  # the pipe fills: the writer waits in the middle of a write
+                logger.warning("x" * 1000)
+            time.sleep(0.2)
+            pid = os.fork()
+        else:  # another thread holds it, as the writer does for a moment after each line
+            holding, done = threading.Event(), threading.Event()
+
+            def hold() -> None:
+                with handler._count:
+                    holding.set()
+                    done.wait()
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            holding.wait()
+            pid = os.fork()
+            if pid:
+                done.set()
+                holder.join()
+        if pid == 0:  # the child: logs, and says by its exit whether the line was written
+            logger.warning("from the child")
+            handler.flush(seconds=60)
+            os._exit(0 if handler._lines.unfinished_tasks == 0 else 1)
+        drained = bytearray()
+        deadline = time.monotonic() + 60
+        while b"from the child" not in drained and time.monotonic() < deadline:
+            ready, _, _ = select.select([reading], [], [], 0.5)
+            if ready:
+                drained.extend(os.read(reading, 1 << 16))
+        if b"from the child" not in drained:
+            os.kill(pid, signal.SIGKILL)  # hung: the test fails, it does not wait for ever
+        _, status = os.waitpid(pid, 0)
+        assert b"from the child" in drained
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        logger.removeHandler(handler)
         os.close(reading)
+        os.close(writing)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import inspect
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
 
 import gunicorn
 from gunicorn import http as gunicorn_http
 from gunicorn.config import Config
 from gunicorn.workers.gthread import TConn
+from gunicorn.workers.workertmp import WorkerTmp
 
 from hooks.serving import gthread
 
@@ -61,3 +65,20 @@ def test_the_queue_of_calls_waiting_for_a_thread_is_counted() -> None:
         assert gthread.queued_calls(Worker())() == 0
     finally:
         Worker.tpool.shutdown()
+
+
+def test_a_new_workers_heartbeat_is_stamped_on_the_clock_the_arbiter_reads_it_with(
+    tmp_path: Path,
+) -> None:
+    """The arbiter's timeout check is `time.monotonic() - worker.tmp.last_update()`; a fresh
+    heartbeat file holds its creation's wall-clock time, which that check never finds old."""
+    config = Config()
+    config.set("worker_tmp_dir", str(tmp_path))
+    worker = SimpleNamespace(tmp=WorkerTmp(config))
+    try:
+        assert time.monotonic() - worker.tmp.last_update() < -1e6  # never "timed out"
+        before = time.monotonic()
+        gthread.heartbeat_from_fork(None, worker)
+        assert before - 0.01 <= worker.tmp.last_update() <= time.monotonic() + 0.01
+    finally:
+        worker.tmp.close()

@@ -194,3 +194,50 @@ def test_a_probe_port_already_taken_fails_the_boot(tmp_path: Path) -> None:
         code, output, ready = boot({}, tmp_path, health_port=port)
     assert not ready, output
     assert code not in (None, 0), output
+
+
+def test_a_worker_whose_boot_never_finishes_is_replaced_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """gunicorn replaces a worker whose heartbeat is older than its timeout, but read the
+    heartbeat of a worker that had not beaten yet on the wrong clock, so a boot stuck on a lock
+    kept its pod unready until the kubelet restarted it: the first worker's boot hangs here, and
+    the arbiter replaces it within its timeout (twice the hook timeout: 4 s) and the next one
+    serves."""
+    hanging = tmp_path / "site"
+    hanging.mkdir()
+    # The fault a real boot does not make on demand: the first worker's waits on a lock no one
+    # releases; the workers after it boot.
+    (hanging / "sitecustomize.py").write_text(
+        "import os, sys, threading\n"
+        "sys.path.insert(0, os.getcwd())  # the tree under test, as `-m` would put it\n"
+        "from hooks.serving import server\n"
+        "boot = server.HookServer.start_worker\n"
+        "def start_worker(self, worker):\n"
+        f"    flag = {str(tmp_path / 'hung-once')!r}\n"
+        "    try:\n"
+        "        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))\n"
+        "    except FileExistsError:\n"
+        "        return boot(self, worker)\n"
+        "    held = threading.Lock()\n"
+        "    held.acquire()\n"
+        "    held.acquire()\n"
+        "server.HookServer.start_worker = start_worker\n"
+    )
+    env = {"PYTHONPATH": str(hanging), "GPUCLASS_HOOK_TIMEOUT": "2s"}
+    with live_server(env, tmp_path, ready_within=60) as server:
+        assert (tmp_path / "hung-once").exists()
+        assert requests.get(f"{server.health}/readyz", timeout=5).status_code == 200
+    timeouts = [line for line in server.logs().splitlines() if "WORKER TIMEOUT" in line]
+    assert len(timeouts) == 1, server.logs()
+
+
+def test_the_server_opens_no_control_socket(tmp_path: Path) -> None:
+    """gunicorn's control socket (from 25.1) would let anyone sharing the pod's user stop or
+    rescale the workers."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with live_server({"HOME": str(home), "XDG_RUNTIME_DIR": str(home)}, tmp_path) as server:
+        assert requests.get(f"{server.health}/readyz", timeout=5).status_code == 200
+    assert list(home.iterdir()) == []
+    assert "Control socket" not in server.logs()
