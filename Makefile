@@ -79,7 +79,8 @@ clean:
 # trickling heads, stalled handshakes, an idle flood and 1 GB admission declarations, none with
 # the token, beside authenticated calls (about a minute); ARGS=--slow-api: reviews and status
 # syncs against an API server that delays, trickles and recovers; ARGS=--keep-alive-callers: 300
-# callers on kept-alive connections (a minute or two each).
+# callers on kept-alive connections; ARGS=--slow-heads: 1,000 never-ending heads on the admission
+# port beside kept-alive reviews (a minute or two each).
 ARGS ?=
 # The budget report's sync at 1,000 tenants x $(APPS) apps: size, time, the served peak memory.
 APPS ?= 50

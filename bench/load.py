@@ -28,6 +28,10 @@ same load (what any call on the machine waits for before the service does anythi
 reports clients without the token that never finish their head, beside authenticated calls
 (`bench.hostile`).
 
+    python -m bench.load --slow-heads   # make bench-load ARGS=--slow-heads
+
+reports never-ending heads on the admission port beside kept-alive reviews (`bench.slow_heads`).
+
     python -m bench.load --slow-api             # make bench-load ARGS=--slow-api
     python -m bench.load --keep-alive-callers   # make bench-load ARGS=--keep-alive-callers
 
@@ -58,6 +62,7 @@ from bench.cluster import generate, license_sync_body, status_sync_body
 from bench.deadlines import keep_alive_callers, slow_api
 from bench.hostile import hostile_clients
 from bench.run import MB, answer, kubevirt_api, post, serve
+from bench.slow_heads import slow_heads
 
 LIMIT = 2 * 1024 * MB
 CALLS = 10
@@ -356,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
         help="300 keep-alive callers of customize beside a baseline (bench.deadlines)",
     )
     parser.add_argument(
+        "--slow-heads",
+        action="store_true",
+        help="never-ending heads on the admission port, kept-alive reviews (bench.slow_heads)",
+    )
+    parser.add_argument(
         "--hostile-clients",
         action="store_true",
         help="connections without the token that never finish their head (bench.hostile)",
@@ -365,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         return slow_api()
     if args.keep_alive_callers:
         return keep_alive_callers()
+    if args.slow_heads:
+        return slow_heads()
     if args.hostile_clients:
         with kubevirt_api() as api:
             return hostile_clients(api)

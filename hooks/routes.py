@@ -138,14 +138,14 @@ Handler = Callable[[HookInputs, bytes], Answer]
 
 @dataclass(frozen=True)
 class Hook:
-    """A route, who calls it, and its handler. A forkable hook reads nothing but its body, the
-    settings, the clock and the KubeVirt view (never GPU budgets, never the metrics): its large
-    calls are computed in a forked child process (`hooks.serving.apart`)."""
+    """A route, who calls it, and its handler. A hook that may be computed `apart` reads nothing
+    but its body, the settings, the clock and the KubeVirt view (never GPU budgets, never the
+    metrics): its large calls are computed in a process of their own (`hooks.serving.apart`)."""
 
     path: str
     caller: Caller
     handle: Handler
-    forkable: bool = False
+    apart: bool = False
 
     @property
     def needs_token(self) -> bool:
@@ -351,19 +351,17 @@ def tenant_budget(inputs: HookInputs, body: bytes) -> Answer:
 
 
 HOOKS: tuple[Hook, ...] = (
-    Hook("/status/customize", "metacontroller", status_customize, forkable=True),
-    Hook("/status/sync", "metacontroller", status_sync, forkable=True),
-    Hook("/license/customize", "metacontroller", license_customize, forkable=True),
-    Hook("/license/sync", "metacontroller", license_sync, forkable=True),
-    Hook(
-        "/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, forkable=True
-    ),
-    Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, forkable=True),
-    Hook("/resource-labels/sync", "metacontroller", resource_labels_sync, forkable=True),
-    Hook("/budget-pools/customize", "metacontroller", report_customize, forkable=True),
-    Hook("/budget-pools/sync", "metacontroller", report_sync, forkable=True),
-    Hook("/budget-report/customize", "metacontroller", class_index_customize, forkable=True),
-    Hook("/budget-report/sync", "metacontroller", class_index_sync, forkable=True),
+    Hook("/status/customize", "metacontroller", status_customize, apart=True),
+    Hook("/status/sync", "metacontroller", status_sync, apart=True),
+    Hook("/license/customize", "metacontroller", license_customize, apart=True),
+    Hook("/license/sync", "metacontroller", license_sync, apart=True),
+    Hook("/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, apart=True),
+    Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, apart=True),
+    Hook("/resource-labels/sync", "metacontroller", resource_labels_sync, apart=True),
+    Hook("/budget-pools/customize", "metacontroller", report_customize, apart=True),
+    Hook("/budget-pools/sync", "metacontroller", report_sync, apart=True),
+    Hook("/budget-report/customize", "metacontroller", class_index_customize, apart=True),
+    Hook("/budget-report/sync", "metacontroller", class_index_sync, apart=True),
     Hook("/admit/gpu-budget", "apiserver", app_budget),
     Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
 )

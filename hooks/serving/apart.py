@@ -3,7 +3,7 @@
 A large status sync spends about a second in msgspec's decode and the rules, and holds the
 interpreter lock all along: every other call the process serves meanwhile (customize hooks,
 license syncs, admission reviews, probes, scrapes) waits for it. So a call to a hook that needs
-nothing but its body, the settings, the clock and the KubeVirt view (`Hook.forkable`), whose body is
+nothing but its body, the settings, the clock and the KubeVirt view (`Hook.apart`), whose body is
 large, is computed in a child process:
 
 - The serving thread reads the body straight into memory it shares with the child (an anonymous
@@ -99,7 +99,8 @@ os.register_at_fork(after_in_child=_own_fork_server)
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a forkable hook reads besides its body, sent to the child (the view only on request)."""
+    """What a hook computed apart reads besides its body, sent to the child (the view only on
+    request)."""
 
     settings: Settings
     now: datetime
@@ -356,7 +357,11 @@ class _NoBudgets:
     """Pure hooks read no budgets; a hook that does is not pure, and this says so."""
 
     def catalog(self) -> NoReturn:
-        raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")
+        raise RuntimeError(
+            "a hook computed in a child read GPU budgets: it may not be computed apart"
+        )
 
     def tenancy(self, namespaces: object, subtrees: object = ()) -> NoReturn:
-        raise RuntimeError("a hook computed in a child read GPU budgets: it is not forkable")
+        raise RuntimeError(
+            "a hook computed in a child read GPU budgets: it may not be computed apart"
+        )

@@ -152,7 +152,7 @@ class _Calls:
 
     def _runs_apart(self, hook: Hook, length: int) -> bool:
         limit = self.apart_from_bytes
-        return hook.forkable and limit is not None and limit <= length
+        return hook.apart and limit is not None and limit <= length
 
     def _computed_apart(
         self, hook: Hook, length: int, body_seconds: float, left_seconds: float
@@ -190,7 +190,7 @@ def create_app(
     guard: Guard | None = None,
     reads: ReadShare | None = None,
 ) -> Flask:
-    """The hooks' app. Calls to forkable hooks with a body of `apart_from_bytes` or more are
+    """The hooks' app. Calls to hooks marked `apart` with a body of `apart_from_bytes` or more are
     computed in a process of their own (`hooks.serving.apart`) where the system allows it; None
     computes every call in its thread."""
     exported = metrics or settings_metrics(settings)

@@ -68,7 +68,7 @@ class QueuedStream(logging.Handler):
         _HANDLERS.add(self)
 
     def _forked(self) -> None:
-        """In a forked child: the parent's writer is not here, and may have held the lock."""
+        """In a child of a fork: the parent's writer is not here, and may have held the lock."""
         self._count = threading.Lock()
         self._lines = queue.Queue(self._capacity)
         self._writer_pid = -1

@@ -32,8 +32,9 @@ EXPANSION = 1.5
 # and buffers that do not grow with the body. Measured by `make bench`: 30-50 MB at S, M and L.
 PER_CALL_BYTES = 48 * MIB
 # A large call: its body reserves from the budget (smaller ones bypass it: one per thread,
-# expanded, they stay within the reserve below), and a forkable hook computes it in a process of its
-# own. Where it begins is measured (docs/scale.md): below it, the fork costs more than it saves.
+# expanded, they stay within the reserve below), and a hook marked `apart` computes it in a
+# process of its own. Where it begins is measured (docs/scale.md): below it, the fork costs more
+# than it saves.
 LARGE_BODY_BYTES = 512 * 1024
 # What the budget leaves to the service itself: the idle worker, its fork server and
 # multiprocessing's resource tracker (docs/scale.md has what they hold; large calls are computed

@@ -37,7 +37,7 @@ from tests import ROOT
 from tests.builders import admission_review, example_of
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-PURE = [hook for hook in HOOKS if hook.forkable]
+PURE = [hook for hook in HOOKS if hook.apart]
 KIB = 1024
 
 
@@ -87,7 +87,7 @@ def reads_kubevirt_twice(inputs: HookInputs, body: bytes) -> Answer:
 
 
 def hook_of(handler: Any) -> Hook:
-    return Hook("/status/sync", "metacontroller", handler, forkable=True)
+    return Hook("/status/sync", "metacontroller", handler, apart=True)
 
 
 def inputs(settings: Settings) -> apart.Inputs:
@@ -117,7 +117,7 @@ def hook_children() -> list[str]:
 
 
 @pytest.mark.parametrize("hook", PURE, ids=[hook.path for hook in PURE])
-def test_forkable_hooks_answer_the_same_in_a_child_as_in_their_thread(
+def test_hooks_computed_apart_answer_the_same_in_a_child_as_in_their_thread(
     settings: Settings, hook: Hook
 ) -> None:
     answers = []
@@ -568,7 +568,7 @@ def test_each_call_computed_apart_is_counted_by_how_it_ended(settings: Settings)
 
     metrics = Metrics(180.0)
     with pytest.MonkeyPatch.context() as patch:
-        raising = Hook("/test/raises", "metacontroller", raises, forkable=True)
+        raising = Hook("/test/raises", "metacontroller", raises, apart=True)
         patch.setattr(hooks.serving.app, "HOOKS", (*HOOKS, raising))
         client = create_app(settings, metrics=metrics, apart_from_bytes=0).test_client()
     bad = json.loads(example_of("/status/sync"))

@@ -36,7 +36,7 @@ def served_here(
     hands nothing: the serving process gave up first); None when it sends nothing."""
     ours, theirs = multiprocessing.Pipe()
     body_out, body_in = socket.socketpair()
-    hook = Hook("/status/sync", "metacontroller", handler, forkable=True)
+    hook = Hook("/status/sync", "metacontroller", handler, apart=True)
     size = len(body or b"") if length is None else length
 
     def child_process() -> None:
@@ -208,7 +208,8 @@ def test_an_error_in_the_child_comes_back_as_its_type_and_last_frames_only(
 def test_a_child_has_no_budgets_to_read(read: str) -> None:
     budgets: Any = apart._NoBudgets()
     with pytest.raises(
-        RuntimeError, match=r"^a hook computed in a child read GPU budgets: it is not forkable$"
+        RuntimeError,
+        match=r"^a hook computed in a child read GPU budgets: it may not be computed apart$",
     ):
         getattr(budgets, read)(*([] if read == "catalog" else [("tenant-a",)]))
 
@@ -225,7 +226,7 @@ def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings)
         time.sleep(0.2)
         return Answer(b"{}", {})
 
-    hook = Hook("/status/sync", "metacontroller", slow, forkable=True)
+    hook = Hook("/status/sync", "metacontroller", slow, apart=True)
     errors: list[BaseException] = []
 
     def child() -> None:
