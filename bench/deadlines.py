@@ -77,6 +77,9 @@ def stub_api() -> Iterator[tuple[str, Stub]]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Its head and body leave in two writes: with Nagle's algorithm the second waits for the
+        # client's delayed ACK, and each read would take tens of milliseconds of the stub's.
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:
             stub.reads += 1

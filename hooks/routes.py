@@ -32,7 +32,11 @@ from hooks.rules.permitted_devices import KubeVirtView
 from hooks.settings import Settings
 from hooks.wire.admission import AdmissionRequest, decode_review, review_response
 from hooks.wire.metacontroller import (
+    CompositeSyncResponse,
     CustomizeRequest,
+    CustomizeResponse,
+    DecoratorSyncResponse,
+    LabelsResponse,
     TargetPod,
     check_report_target,
     decode_class_index_sync,
@@ -137,14 +141,43 @@ Handler = Callable[[HookInputs, bytes], Answer]
 
 
 @dataclass(frozen=True)
+class Envelope:
+    """The keys of a hook's 200 answer: those it always sends, and those it sends when they apply.
+    Metacontroller's v2 strict mode fails on any other."""
+
+    always: frozenset[str]
+    sometimes: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, response: type[msgspec.Struct]) -> Envelope:
+        """The envelope a response type encodes to: its fields with no default always (each such
+        type omits its defaults)."""
+        fields = msgspec.structs.fields(response)
+        return cls(
+            frozenset(f.encode_name for f in fields if f.required),
+            frozenset(f.encode_name for f in fields if not f.required),
+        )
+
+
+CUSTOMIZED = Envelope.of(CustomizeResponse)
+COMPOSITE_SYNCED = Envelope.of(CompositeSyncResponse)
+DECORATOR_SYNCED = Envelope.of(DecoratorSyncResponse)
+LABELS_SYNCED = Envelope.of(LabelsResponse)
+REVIEWED = Envelope(frozenset(review_response("", True, "")))
+
+
+@dataclass(frozen=True)
 class Hook:
-    """A route, who calls it, and its handler. A hook that may be computed `apart` reads nothing
-    but its body, the settings, the clock and the KubeVirt view (never GPU budgets, never the
-    metrics): its large calls are computed in a process of their own (`hooks.serving.apart`)."""
+    """A route, who calls it (which says how it is authenticated: `needs_token`, `https_only`),
+    its handler, and the envelope of its answers. A hook that may be computed `apart` reads
+    nothing but its body, the settings, the clock and the KubeVirt view (never GPU budgets, never
+    the metrics): its large calls are computed in a process of their own
+    (`hooks.serving.apart`)."""
 
     path: str
     caller: Caller
     handle: Handler
+    answers: Envelope
     apart: bool = False
 
     @property
@@ -350,18 +383,37 @@ def tenant_budget(inputs: HookInputs, body: bytes) -> Answer:
     return review_budget(budget.review_tenant, inputs, body)
 
 
+# A new route goes at the end (docs/development.md, "A hook").
 HOOKS: tuple[Hook, ...] = (
-    Hook("/status/customize", "metacontroller", status_customize, apart=True),
-    Hook("/status/sync", "metacontroller", status_sync, apart=True),
-    Hook("/license/customize", "metacontroller", license_customize, apart=True),
-    Hook("/license/sync", "metacontroller", license_sync, apart=True),
-    Hook("/tenant-namespaces/customize", "metacontroller", tenant_namespace_customize, apart=True),
-    Hook("/tenant-namespaces/sync", "metacontroller", tenant_namespace_sync, apart=True),
-    Hook("/resource-labels/sync", "metacontroller", resource_labels_sync, apart=True),
-    Hook("/budget-pools/customize", "metacontroller", report_customize, apart=True),
-    Hook("/budget-pools/sync", "metacontroller", report_sync, apart=True),
-    Hook("/budget-report/customize", "metacontroller", class_index_customize, apart=True),
-    Hook("/budget-report/sync", "metacontroller", class_index_sync, apart=True),
-    Hook("/admit/gpu-budget", "apiserver", app_budget),
-    Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget),
+    Hook("/admit/gpu-budget", "apiserver", app_budget, REVIEWED),
+    Hook("/admit/tenant-gpu-keys", "apiserver", tenant_budget, REVIEWED),
+    Hook("/status/customize", "metacontroller", status_customize, CUSTOMIZED, apart=True),
+    Hook("/status/sync", "metacontroller", status_sync, COMPOSITE_SYNCED, apart=True),
+    Hook("/license/customize", "metacontroller", license_customize, CUSTOMIZED, apart=True),
+    Hook("/license/sync", "metacontroller", license_sync, DECORATOR_SYNCED, apart=True),
+    Hook(
+        "/tenant-namespaces/customize",
+        "metacontroller",
+        tenant_namespace_customize,
+        CUSTOMIZED,
+        apart=True,
+    ),
+    Hook(
+        "/tenant-namespaces/sync",
+        "metacontroller",
+        tenant_namespace_sync,
+        LABELS_SYNCED,
+        apart=True,
+    ),
+    Hook(
+        "/resource-labels/sync", "metacontroller", resource_labels_sync, LABELS_SYNCED, apart=True
+    ),
+    Hook("/budget-pools/customize", "metacontroller", report_customize, CUSTOMIZED, apart=True),
+    Hook("/budget-pools/sync", "metacontroller", report_sync, DECORATOR_SYNCED, apart=True),
+    # The class index: served at the path of the report it replaced, kept for upgrades (the
+    # per-tenant report moved to /budget-pools/*; the README's routes table).
+    Hook(
+        "/budget-report/customize", "metacontroller", class_index_customize, CUSTOMIZED, apart=True
+    ),
+    Hook("/budget-report/sync", "metacontroller", class_index_sync, DECORATOR_SYNCED, apart=True),
 )

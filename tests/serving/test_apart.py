@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.exceptions import ClientDisconnected
 
-from hooks.routes import HOOKS, Answer, FailedElsewhere, Hook, HookInputs
+from hooks.routes import COMPOSITE_SYNCED, HOOKS, Answer, FailedElsewhere, Hook, HookInputs
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.serving import apart
 from hooks.serving.app import create_app
@@ -87,7 +87,7 @@ def reads_kubevirt_twice(inputs: HookInputs, body: bytes) -> Answer:
 
 
 def hook_of(handler: Any) -> Hook:
-    return Hook("/status/sync", "metacontroller", handler, apart=True)
+    return Hook("/status/sync", "metacontroller", handler, COMPOSITE_SYNCED, apart=True)
 
 
 def inputs(settings: Settings) -> apart.Inputs:
@@ -568,7 +568,7 @@ def test_each_call_computed_apart_is_counted_by_how_it_ended(settings: Settings)
 
     metrics = Metrics(180.0)
     with pytest.MonkeyPatch.context() as patch:
-        raising = Hook("/test/raises", "metacontroller", raises, apart=True)
+        raising = Hook("/test/raises", "metacontroller", raises, COMPOSITE_SYNCED, apart=True)
         patch.setattr(hooks.serving.app, "HOOKS", (*HOOKS, raising))
         client = create_app(settings, metrics=metrics, apart_from_bytes=0).test_client()
     bad = json.loads(example_of("/status/sync"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from hooks.routes import Answer, Hook, HookInputs
+from hooks.routes import COMPOSITE_SYNCED, Answer, Hook, HookInputs
 from hooks.rules.permitted_devices import KubeVirtAbsent, KubeVirtView
 from hooks.serving import apart
 from hooks.settings import Settings
@@ -36,7 +36,7 @@ def served_here(
     hands nothing: the serving process gave up first); None when it sends nothing."""
     ours, theirs = multiprocessing.Pipe()
     body_out, body_in = socket.socketpair()
-    hook = Hook("/status/sync", "metacontroller", handler, apart=True)
+    hook = Hook("/status/sync", "metacontroller", handler, COMPOSITE_SYNCED, apart=True)
     size = len(body or b"") if length is None else length
 
     def child_process() -> None:
@@ -226,7 +226,7 @@ def test_a_child_whose_serving_process_gave_up_exits_quietly(settings: Settings)
         time.sleep(0.2)
         return Answer(b"{}", {})
 
-    hook = Hook("/status/sync", "metacontroller", slow, apart=True)
+    hook = Hook("/status/sync", "metacontroller", slow, COMPOSITE_SYNCED, apart=True)
     errors: list[BaseException] = []
 
     def child() -> None:

@@ -320,13 +320,15 @@ def test_an_unexpected_error_is_a_500_logged_by_type_and_frames_only(
     settings: Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import hooks.serving.app
-    from hooks.routes import Hook
+    from hooks.routes import COMPOSITE_SYNCED, Hook
 
     def broken(service: Any, body: bytes) -> Any:
         raise KeyError(body.decode())  # a message that quotes the input
 
     monkeypatch.setattr(
-        hooks.serving.app, "HOOKS", (Hook("/status/sync", "metacontroller", broken),)
+        hooks.serving.app,
+        "HOOKS",
+        (Hook("/status/sync", "metacontroller", broken, COMPOSITE_SYNCED),),
     )
     client = create_app(settings, apart_from_bytes=None).test_client()
     with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
