@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mutation.bugs import scratch_copy
 from tests import ROOT, cozystack
-
-sys.path.insert(0, str(ROOT))
-from mutation.bugs import scratch_copy  # noqa: E402 (the checkout's tracked files, as they are)
 
 ROUTE = "/example-widgets/sync"
 HANDLER = """
