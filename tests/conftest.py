@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,8 @@ from hooks.settings import Settings
 from tests import profiles  # noqa: F401 - registers the quick profile before it is loaded
 from tests.controlplane import ControlPlane, control_plane
 from tests.fake_apiserver import FakeApiServer, fake_apiserver
+
+HERE = Path(__file__).parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,35 +45,21 @@ def fastest_first(items: list[pytest.Item], durations: dict[str, float]) -> None
     items.sort(key=lambda item: durations.get(item.nodeid, 0.0))
 
 
-class RanTooLong(Exception):
-    """A test under a mutant ran far past what it took unmutated."""
-
-
+# A test that hangs fails, named, at its tier's limit (pytest-timeout), instead of holding the
+# run until CI's own limit: generous for each tier, since a busy machine is slow, never stuck.
+TIER_TIMEOUT_SECONDS = {"unit": 300, "live": 600, "tools": 900, "image": 900, "e2e": 1800}
 # mutmut stops a mutant's run only after CPU time, which a test that waits for ever (a mutant that
-# never rings an alarm, never sets an event) does not use: such a worker would be lost for the
-# rest of the run. A test may take this many times its unmutated duration, plus the margin.
+# never rings an alarm, never sets an event) does not use: under mutation testing a test may take
+# this many times its unmutated duration, plus the margin, and then fails, killing its mutant.
 MUTANT_TEST_FACTOR, MUTANT_TEST_MARGIN_SECONDS = 5, 15.0
-MUTANT_TEST_LIMIT = pytest.StashKey[float]()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under mutation testing, a test that runs far too long fails, which kills its mutant."""
-    limit = item.stash.get(MUTANT_TEST_LIMIT, None)
-    if limit is None:
-        yield
-        return
-
-    def ran_too_long(signum: int, frame: object) -> None:
-        raise RanTooLong(f"{item.nodeid} ran past {limit:.0f} s under a mutant")
-
-    previous = signal.signal(signal.SIGALRM, ran_too_long)
-    signal.setitimer(signal.ITIMER_REAL, limit, 1.0)  # again each second, until the test ends
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def tier_of(item: pytest.Item) -> str:
+    folder = item.path.relative_to(HERE).parts[0] if item.path.is_relative_to(HERE) else ""
+    for tier in ("e2e", "image", "tools", "live"):
+        if tier == folder or item.get_closest_marker(tier):
+            return tier
+    return "unit"
 
 
 # The slow tiers, by folder: `make unit` leaves them out. A test that starts the real server
@@ -88,8 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test that asks for the control plane needs the tools, however it is declared; tests/image
     runs only when given an image (`make image-test`), tests/e2e only inside the cluster
     testenv/cluster.py boots (`make e2e`, which sets GPUCLASS_E2E_DIR), neither in `make test`.
-    Under mutation testing, the tests run fastest first, each with its time limit."""
-    here = Path(__file__).parent
+    Every test gets its tier's time limit; under mutation testing, the tests run fastest first,
+    each limited by its unmutated duration."""
+    here = HERE
     for folder, runs in (
         ("image", config.getoption("--image") is not None),
         ("e2e", bool(os.environ.get("GPUCLASS_E2E_DIR"))),
@@ -104,13 +92,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(tier)
         if "kube" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.tools)
+    durations: dict[str, float] = {}
     if os.environ.get("MUTANT_UNDER_TEST"):
         durations = measured_durations()
         fastest_first(items, durations)
-        for item in items:
-            if item.nodeid in durations:
-                limit = MUTANT_TEST_FACTOR * durations[item.nodeid] + MUTANT_TEST_MARGIN_SECONDS
-                item.stash[MUTANT_TEST_LIMIT] = limit
+    for item in items:
+        if item.get_closest_marker("timeout"):
+            continue  # a test that sets its own
+        if item.nodeid in durations:
+            limit = MUTANT_TEST_FACTOR * durations[item.nodeid] + MUTANT_TEST_MARGIN_SECONDS
+        else:
+            limit = TIER_TIMEOUT_SECONDS[tier_of(item)]
+        item.add_marker(pytest.mark.timeout(limit))
 
 
 @pytest.fixture
