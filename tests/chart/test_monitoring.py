@@ -260,12 +260,12 @@ def test_alert_rules_have_summary_description_and_severity() -> None:
 
 
 def test_every_alert_links_its_runbook_section() -> None:
-    operating = (ROOT / "docs" / "operating.md").read_text()
-    anchors = {h.lower() for h in re.findall(r"^#{2,4} (\w+)$", operating, re.M)}
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {h.lower() for h in re.findall(r"^## (\w+)$", runbooks, re.M)}
     for rule in rules():
         url = rule["annotations"]["runbook_url"]
         page, _, anchor = url.partition("#")
-        assert page == "https://github.com/cozystack/gpuclass-hooks/blob/main/docs/operating.md"
+        assert page == "https://github.com/cozystack/gpuclass-hooks/blob/main/docs/runbooks.md"
         assert anchor == rule["alert"].lower() and anchor in anchors, rule["alert"]
 
 

@@ -12,7 +12,7 @@ import pytest
 from hooks.routes import HOOKS
 from tests import ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # [text](target): the target up to a closing parenthesis or a space (a title may follow).
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 FENCE = re.compile(r"```.*?```", re.DOTALL)
@@ -46,8 +46,12 @@ def test_every_link_resolves_inside_the_repository(page: Path) -> None:
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
+    """Every page of docs/ from the README; each entry of the benchmarks' journal from its index."""
     linked = {(ROOT / target).resolve() for target in links(ROOT / "README.md")}
-    assert set(PAGES[1:]) <= linked
+    journal = ROOT / "docs" / "benchmarks"
+    assert {p for p in PAGES[1:] if p.parent != journal} <= linked
+    indexed = {(journal / target).resolve() for target in links(journal / "README.md")}
+    assert {p for p in PAGES[1:] if p.parent == journal and p.name != "README.md"} <= indexed
 
 
 def test_the_link_check_sees_links() -> None:
@@ -140,3 +144,50 @@ def test_no_doc_names_a_module_or_file_that_does_not_exist() -> None:
             if not (ROOT / path).exists():
                 missing.append(f"{page.name}: {path}")
     assert sorted(missing) == []
+
+
+WORDS_PER_PAGE = 7000
+
+
+def words(path: Path) -> int:
+    return len(path.read_text().split())
+
+
+def test_a_hoster_sizes_from_short_pages_and_no_page_is_a_notebook() -> None:
+    """Sizing in under 1,500 words, today's figures in under 5,000, and no page over 7,000: the
+    comparisons that chose each design live in docs/benchmarks/, a file per measurement."""
+    assert words(ROOT / "docs" / "sizing.md") <= 1500
+    assert words(ROOT / "docs" / "scale.md") <= 5000
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    assert [p.name for p in pages if words(p) > WORDS_PER_PAGE] == []
+
+
+def test_every_journal_entry_names_its_date_its_commits_and_its_machine() -> None:
+    entries = [p for p in (ROOT / "docs" / "benchmarks").glob("*.md") if p.name != "README.md"]
+    index = (ROOT / "docs" / "benchmarks" / "README.md").read_text()
+    assert entries
+    for entry in entries:
+        text = entry.read_text()
+        assert re.match(r"\d{4}-\d{2}-\d{2}-", entry.name), entry.name
+        assert re.search(r"\b[0-9a-f]{7}\b", text) and "machine" in text, entry.name
+        assert f"]({entry.name})" in index, entry.name
+
+
+def decision_bullets() -> list[list[str]]:
+    bullets: list[list[str]] = []
+    for line in (ROOT / "docs" / "decisions.md").read_text().splitlines():
+        if line.startswith("- "):
+            bullets.append([line])
+        elif line.startswith("  ") and bullets and bullets[-1]:
+            bullets[-1].append(line)
+        elif bullets and bullets[-1]:
+            bullets.append([])
+    return [b for b in bullets if b]
+
+
+def test_no_decision_runs_past_25_lines_or_cites_a_commit_by_its_place() -> None:
+    """A reader can follow every commit a decision names: "the parent commit" of nothing they can
+    see is a hash."""
+    assert [b[0][:60] for b in decision_bullets() if len(b) > 25] == []
+    for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        assert "parent commit" not in page.read_text(), page.name
