@@ -191,3 +191,16 @@ def test_no_decision_runs_past_25_lines_or_cites_a_commit_by_its_place() -> None
     assert [b[0][:60] for b in decision_bullets() if len(b) > 25] == []
     for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         assert "parent commit" not in page.read_text(), page.name
+
+
+def test_every_module_of_hooks_is_in_the_layout() -> None:
+    """A newcomer finds every module in docs/development.md's Layout, by its name."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    missing = [
+        str(module.relative_to(ROOT))
+        for module in sorted((ROOT / "hooks").rglob("*.py"))
+        if module.name != "__init__.py"
+        and not re.search(rf"(?<!\w){re.escape(module.stem)}(?!\w)", layout)
+    ]
+    assert missing == []
