@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -394,6 +394,18 @@ def admission_review(
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": f"{operation.title()}Options"},
         },
     }
+
+
+def tenant(
+    parent_ns: str,
+    name: str,
+    declaration: Mapping[str, int | None] | None = None,
+    *,
+    release: str = "",
+) -> Tenant:
+    """A Tenant as the budget rules read it: declared in `parent_ns`, bounded when it declares
+    anything; `release` names its HelmRelease ("" for the object under review)."""
+    return Tenant(parent_ns, name, dict(declaration or {}), release=release)
 
 
 from tests import EXAMPLES  # noqa: E402 (re-exported for the test modules)

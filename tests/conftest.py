@@ -6,7 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flask.testing import FlaskClient
 
+from hooks.serving.app import create_app
+from hooks.serving.metrics import Metrics
 from hooks.settings import Settings
 from tests import profiles  # noqa: F401 - registers the quick profile before it is loaded
 from tests.controlplane import ControlPlane, control_plane
@@ -126,7 +129,20 @@ def settings(apiserver: FakeApiServer, token_file: Path, tmp_path: Path) -> Sett
         kube_token_file=token_file,
         kube_ca_file=tmp_path / "no-ca.crt",
         kubevirt_cache_seconds=0,
+        admission_cache_seconds=0,
     )
+
+
+@pytest.fixture
+def client(settings: Settings) -> FlaskClient:
+    """The hooks' app for the test's settings, through Flask's test client."""
+    return create_app(settings).test_client()
+
+
+@pytest.fixture
+def metered_client(settings: Settings, metrics: Metrics) -> FlaskClient:
+    """The same, recording into the test module's `metrics` (each module's has its own clock)."""
+    return create_app(settings, metrics=metrics).test_client()
 
 
 @pytest.fixture(scope="session")

@@ -131,7 +131,7 @@ class Cluster:
         return verdict.verdict.allowed, verdict.verdict.message
 
 
-def tenant(namespace: str, name: str, quotas: dict[str, int] | None = None) -> Release:
+def tenant_release(namespace: str, name: str, quotas: dict[str, int] | None = None) -> Release:
     values = {"resourceQuotas": {k: str(v) for k, v in quotas.items()}} if quotas else {}
     return Release(namespace, f"tenant-{name}", "Tenant", name, values)
 
@@ -189,11 +189,11 @@ def tenancies(draw: st.DrawFn) -> Cluster:
     or not, some known by their release name only, some claimed twice), apps with devices of
     every class and of resources no class names, worker pools, namespaces whose Tenant release is
     gone, releases no reader decodes; and the hoster's classes as they came to be."""
-    releases = [tenant("tenant-root", "root", draw(quotas()))]
+    releases = [tenant_release("tenant-root", "root", draw(quotas()))]
     namespaces = ["tenant-root"]
     for name in draw(st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4, unique=True)):
         where = draw(st.sampled_from(namespaces))
-        made = tenant(where, name, draw(quotas()))
+        made = tenant_release(where, name, draw(quotas()))
         if draw(st.integers(0, 4)) == 0:  # made before the name label: known by its release name
             made = replace(made, label=None)
         releases.append(made)
@@ -225,15 +225,15 @@ def quotas() -> st.SearchStrategy[dict[str, int] | None]:
 
 GONE = Cluster(
     (
-        tenant("tenant-root", "root"),
-        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant_release("tenant-root", "root"),
+        tenant_release("tenant-root", "a", {TOTAL_KEY: 4}),
         app("tenant-a-gone", "v", L40S, L40S, L40S),
     )
 )
 CLASS_DELETED = Cluster(
     (
-        tenant("tenant-root", "root"),
-        tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+        tenant_release("tenant-root", "root"),
+        tenant_release("tenant-root", "a", {TOTAL_KEY: 4}),
         app("tenant-a", "v", L40S, L40S, L40S),
     ),
     (H100_CLASS, SPARE_CLASS),
@@ -307,7 +307,7 @@ def tenant_review(namespace: str, name: str, quotas: Any, old: Any = None) -> An
 def test_a_quota_no_reader_can_decode_is_refused_where_no_pool_lies_above() -> None:
     """`[4]` or `{"a": 1}` on a Tenant in tenant-root: stored, it would make the tenant's own
     pool unreadable and lock its growth; refused as "1500m" is, naming the key."""
-    nothing = Cluster((tenant("tenant-root", "root"),))
+    nothing = Cluster((tenant_release("tenant-root", "root"),))
     for value in ([4], {"a": 1}):
         verdict = review_tenant(tenant_review("tenant-root", "x", {TOTAL_KEY: value}), nothing)
         assert not verdict.verdict.allowed
@@ -324,7 +324,11 @@ def test_an_updates_stored_object_is_only_its_baseline() -> None:
     for label in (None, "", "legacy"):
         stored = Release("tenant-a", "vm-instance-legacy", "VMInstance", label, {"gpus": None})
         cluster = Cluster(
-            (tenant("tenant-root", "root"), tenant("tenant-root", "a", {TOTAL_KEY: 4}), stored)
+            (
+                tenant_release("tenant-root", "root"),
+                tenant_release("tenant-root", "a", {TOTAL_KEY: 4}),
+                stored,
+            )
         )
         fixed = {"gpus": [{"name": L40S}] * 4}
         review = decode(request("VMInstance", "tenant-a", "legacy", fixed, {"gpus": None}))
@@ -340,7 +344,11 @@ def test_values_from_beside_values_gpus_counts_the_declared_gpus() -> None:
     values = {"gpus": [{"name": L40S}] * 3, "instanceType": "u1.medium"}
     declared = Release("tenant-a", "vm-instance-v", "VMInstance", "v", values, {})
     cluster = Cluster(
-        (tenant("tenant-root", "root"), tenant("tenant-root", "a", {TOTAL_KEY: 4}), declared)
+        (
+            tenant_release("tenant-root", "root"),
+            tenant_release("tenant-root", "a", {TOTAL_KEY: 4}),
+            declared,
+        )
     )
     assert cluster.report()["tenant-a"].keys[0].left == 1
     assert cluster.admits("tenant-a", L40S, 1) == (True, "")
@@ -365,6 +373,6 @@ def test_the_labels_the_generated_releases_carry() -> None:
     written = cozystack.helmrelease("VMInstance", "tenant-a", "v", {})
     assert labels == written["metadata"]["labels"]
     assert labels[KIND_LABEL] == "VMInstance" and labels[NAME_LABEL] == "v"
-    spec = msgspec.json.decode(tenant("tenant-root", "a", {TOTAL_KEY: 1}).raw())["spec"]
+    spec = msgspec.json.decode(tenant_release("tenant-root", "a", {TOTAL_KEY: 1}).raw())["spec"]
     assert spec["values"] == {"resourceQuotas": {TOTAL_KEY: "1"}}
     assert spec["valuesFrom"] == [cozystack.platform_values()]

@@ -40,7 +40,9 @@ A400_KEY, L40S_KEY = class_key("a400"), class_key("l40s")
 CLASSES = [gpuclass("a400", resource=A400), gpuclass("l40s", resource=L40S)]
 
 
-def tenant(release_namespace: str, name: str, quotas: dict[str, Any] | None = None) -> Any:
+def tenant_helmrelease(
+    release_namespace: str, name: str, quotas: dict[str, Any] | None = None
+) -> Any:
     return cozystack.helmrelease(
         "Tenant", release_namespace, name, {"resourceQuotas": quotas} if quotas else {}
     )
@@ -51,24 +53,19 @@ def releases_of_a_real_install() -> list[dict[str, Any]]:
     whose values name no gpus, tenant b with no budget anywhere above it, and every release
     written by Cozystack's API."""
     return [
-        tenant("tenant-root", "root"),
-        tenant("tenant-root", "a", {TOTAL_KEY: 4, A400_KEY: 2}),
-        tenant("tenant-root", "b"),
+        tenant_helmrelease("tenant-root", "root"),
+        tenant_helmrelease("tenant-root", "a", {TOTAL_KEY: 4, A400_KEY: 2}),
+        tenant_helmrelease("tenant-root", "b"),
         cozystack.helmrelease("VMInstance", "tenant-a", "typed", {"instanceType": "gn1.xlarge"}),
     ]
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def api(apiserver: FakeApiServer) -> FakeApiServer:
     apiserver.serve(GPUCLASSES, 200, list_of(CLASSES))
     apiserver.serve(INSTANCE_TYPES_API, 200, list_of(list(cozystack.instance_types())))
     apiserver.serve(HELMRELEASES, 200, list_of(releases_of_a_real_install()))
     return apiserver
-
-
-@pytest.fixture
-def client(settings: Settings, api: FakeApiServer) -> FlaskClient:
-    return create_app(settings.model_copy(update={"admission_cache_seconds": 0})).test_client()
 
 
 def verdict(client: FlaskClient, body: dict[str, Any]) -> tuple[bool, str]:

@@ -34,7 +34,7 @@ HTTPS = "https://localhost"
 L40S_KEY = class_key("l40s")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def cluster(apiserver: FakeApiServer) -> list[dict[str, Any]]:
     """Tenant a (4 GPUs in all, 2 of them L40S) with a VM of 2 L40S and a bounded sub-tenant b
     (1 GPU); tenant c unbounded."""
@@ -51,11 +51,6 @@ def cluster(apiserver: FakeApiServer) -> list[dict[str, Any]]:
     ]
     apiserver.serve(HELMRELEASES, 200, list_of(releases))
     return releases
-
-
-@pytest.fixture
-def client(settings: Settings, cluster: list[dict[str, Any]]) -> FlaskClient:
-    return create_app(settings.model_copy(update={"admission_cache_seconds": 0})).test_client()
 
 
 def review(client: FlaskClient, route: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
@@ -165,21 +160,25 @@ def test_unbounded_tenant_and_unknown_entries(client: FlaskClient) -> None:
 
 
 def test_tenant_declaration_gate(client: FlaskClient) -> None:
-    def tenant(quotas: dict[str, str], **kwargs: Any) -> dict[str, Any]:
+    def tenant_review(quotas: dict[str, str], **kwargs: Any) -> dict[str, Any]:
         return admission_review(
             "Tenant", "tenant-a", "d", {"resourceQuotas": quotas, "host": ""}, **kwargs
         )
 
-    stray = review(client, "/admit/tenant-gpu-keys", tenant({"gpuclass.cozystack.io/gpus": "1"}))
+    stray = review(
+        client, "/admit/tenant-gpu-keys", tenant_review({"gpuclass.cozystack.io/gpus": "1"})
+    )
     assert not stray["allowed"] and "not a GPU budget key" in stray["status"]["message"]
-    missing = review(client, "/admit/tenant-gpu-keys", tenant({"requests.cpu": "2"}))
+    missing = review(client, "/admit/tenant-gpu-keys", tenant_review({"requests.cpu": "2"}))
     assert not missing["allowed"]
     assert f"declare {TOTAL_KEY}, {L40S_KEY} too" in missing["status"]["message"]
     # a: 4 total; b declares 1; render reserves 2: d may declare at most 1
-    too_much = review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "2", L40S_KEY: "0"}))
+    too_much = review(
+        client, "/admit/tenant-gpu-keys", tenant_review({TOTAL_KEY: "2", L40S_KEY: "0"})
+    )
     assert not too_much["allowed"]
     assert "the pool of tenant a (tenant-a) can give 1" in too_much["status"]["message"]
-    assert review(client, "/admit/tenant-gpu-keys", tenant({TOTAL_KEY: "1", L40S_KEY: "0"}))[
+    assert review(client, "/admit/tenant-gpu-keys", tenant_review({TOTAL_KEY: "1", L40S_KEY: "0"}))[
         "allowed"
     ]
 

@@ -1,4 +1,4 @@
-"""The budget report's hooks through HTTP (Flask's test client), with Metacontroller-shaped
+"""The budget report's hooks through HTTP (Flask's test metered_client), with Metacontroller-shaped
 requests (each tenant namespace's, as its rules select them once the namespaces are labelled):
 one ConfigMap `gpu-budget` per GPU budget pool, holding its own figures only, never written over a
 tenant's own, kept while the request cannot be trusted; its metrics; the class index the pools
@@ -52,11 +52,6 @@ def metrics() -> Metrics:
     return Metrics(180.0, clock=lambda: 1000.0)
 
 
-@pytest.fixture
-def client(settings: Settings, metrics: Metrics) -> FlaskClient:
-    return create_app(settings, metrics=metrics).test_client()
-
-
 def requests(items: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Each tenant namespace's sync request, as Metacontroller sends it once every namespace is
     labelled (examples/tenancy.yaml unless told otherwise)."""
@@ -65,8 +60,8 @@ def requests(items: list[dict[str, Any]] | None = None) -> dict[str, dict[str, A
     )
 
 
-def answered(client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
-    response = client.post(SYNC, json=body)
+def answered(metered_client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+    response = metered_client.post(SYNC, json=body)
     assert response.status_code == 200, response.get_data()
     answer = response.get_json()
     assert set(answer) <= {"attachments", "status", "resyncAfterSeconds"}
@@ -75,12 +70,14 @@ def answered(client: FlaskClient, body: dict[str, Any]) -> list[dict[str, Any]]:
     return attachments
 
 
-def reports(client: FlaskClient, bodies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def reports(
+    metered_client: FlaskClient, bodies: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
     """Every pool's report, by namespace: a top-level namespace's sync attaches those of its
     subtree, `tenant-root`'s its own, the others none; no two attach one."""
     found: dict[str, dict[str, Any]] = {}
     for namespace, body in bodies.items():
-        for attached in answered(client, body):
+        for attached in answered(metered_client, body):
             where = attached["metadata"]["namespace"]
             assert where not in found
             assert where == namespace or top_level_namespace(where) == namespace
@@ -109,8 +106,8 @@ def config_map(namespace: str, data: dict[str, str], **metadata: Any) -> dict[st
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
-def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClient) -> None:
-    found = reports(client, requests())
+def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(metered_client: FlaskClient) -> None:
+    found = reports(metered_client, requests())
     assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
     acme = found["tenant-acme"]
     assert (acme["apiVersion"], acme["kind"], acme["metadata"]) == (
@@ -137,9 +134,9 @@ def test_each_gpu_budget_pool_gets_a_report_of_its_own_figures(client: FlaskClie
     ]
 
 
-def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
+def test_a_report_holds_no_other_tenants_data(metered_client: FlaskClient) -> None:
     """The sub-tenant lab sees its own pool: none of acme's apps, nor acme's figures."""
-    lab = reports(client, requests())["tenant-acme-lab"]
+    lab = reports(metered_client, requests())["tenant-acme-lab"]
     assert document(lab) == {
         "tenant": "lab",
         "namespace": "tenant-acme-lab",
@@ -154,15 +151,17 @@ def test_a_report_holds_no_other_tenants_data(client: FlaskClient) -> None:
     assert "render" not in json.dumps(lab) and "acme/" not in json.dumps(lab)
 
 
-def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(client: FlaskClient) -> None:
-    legacy = reports(client, requests())["tenant-legacy"]
+def test_a_pool_whose_figures_cannot_be_known_says_why_and_gives_none(
+    metered_client: FlaskClient,
+) -> None:
+    legacy = reports(metered_client, requests())["tenant-legacy"]
     assert document(legacy)["keys"] == [] and document(legacy)["unreadable"].startswith(
         "HelmRelease tenant-legacy/vm-instance-old: spec.values.gpus"
     )
     assert legacy["data"]["budget.txt"].startswith("the figures of this pool cannot be known: ")
 
 
-def test_a_gpu_budget_not_its_own_is_never_written_over(client: FlaskClient) -> None:
+def test_a_gpu_budget_not_its_own_is_never_written_over(metered_client: FlaskClient) -> None:
     """A labelled `gpu-budget` the target did not attach (an earlier version's, owned by its
     namespace, or a tenant's) is left out until it is gone; its other pools are reported. An
     unlabelled one the target does not see: Metacontroller's create of it fails as already there,
@@ -170,11 +169,11 @@ def test_a_gpu_budget_not_its_own_is_never_written_over(client: FlaskClient) -> 
     body = requests()["tenant-acme"]
     not_ours = config_map("tenant-acme-lab", {"notes": "mine"}, uid="theirs", labels=REPORT_LABELS)
     body["related"][CONFIGMAPS]["tenant-acme-lab/gpu-budget"] = not_ours
-    assert [a["metadata"]["namespace"] for a in answered(client, body)] == ["tenant-acme"]
+    assert [a["metadata"]["namespace"] for a in answered(metered_client, body)] == ["tenant-acme"]
 
 
 def test_a_report_asked_for_and_not_attached_is_counted_in_its_log_line(
-    client: FlaskClient, caplog: pytest.LogCaptureFixture
+    metered_client: FlaskClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A first report, or one an unlabelled `gpu-budget` of a tenant's stands in the way of
     (Metacontroller's create finds it there and skips it): the count that stays above zero sync
@@ -184,13 +183,13 @@ def test_a_report_asked_for_and_not_attached_is_counted_in_its_log_line(
     def unattached() -> int:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="gpuclass_hooks"):
-            answered(client, body)
+            answered(metered_client, body)
         [call] = [r.fields for r in caplog.records if r.getMessage() == "hook call"]  # type: ignore[attr-defined]
         count: int = call["unattached"]
         return count
 
     assert unattached() == 2
-    first = {a["metadata"]["namespace"]: a for a in answered(client, body)}
+    first = {a["metadata"]["namespace"]: a for a in answered(metered_client, body)}
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": first["tenant-acme"]}
     assert unattached() == 1  # the lab's, whose own `gpu-budget` Metacontroller keeps finding
     body["attachments"][CONFIGMAPS]["tenant-acme-lab/gpu-budget"] = first["tenant-acme-lab"]
@@ -198,7 +197,7 @@ def test_a_report_asked_for_and_not_attached_is_counted_in_its_log_line(
 
 
 def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     body = requests()["tenant-acme"]
     ours = config_map(
@@ -209,12 +208,12 @@ def test_the_reports_own_configmap_is_rewritten_with_the_current_figures(
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": ours}
     body["related"][CONFIGMAPS]["tenant-acme/gpu-budget"] = ours
-    acme = {a["metadata"]["namespace"]: a for a in answered(client, body)}["tenant-acme"]
+    acme = {a["metadata"]["namespace"]: a for a in answered(metered_client, body)}["tenant-acme"]
     assert document(acme)["keys"][0]["reserved"] == 3
 
 
 def test_a_namespace_below_a_top_level_one_relates_nothing_and_drops_its_old_report(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     """Its pool is its top-level namespace's to report: what it attached in earlier versions
     (its own report) goes."""
@@ -223,7 +222,7 @@ def test_a_namespace_below_a_top_level_one_relates_nothing_and_drops_its_old_rep
     assert body["related"] == {CONFIGMAPS: body["related"][CONFIGMAPS]}
     old = config_map("tenant-acme-lab", {"budget.txt": "old"}, labels=REPORT_LABELS)
     body["attachments"][CONFIGMAPS] = {"tenant-acme-lab/gpu-budget": old}
-    assert answered(client, body) == []
+    assert answered(metered_client, body) == []
 
 
 # A namespace being deleted, as its phase or its deletion timestamp says.
@@ -247,17 +246,17 @@ def terminated(namespace: dict[str, Any], terminating: dict[str, Any]) -> dict[s
 
 @being_deleted
 def test_a_report_goes_only_where_its_namespace_is_not_terminating(
-    client: FlaskClient, terminating: dict[str, Any]
+    metered_client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
     """A namespace being deleted takes no new object: a ConfigMap there would fail the sync."""
     body = requests()["tenant-acme"]
     body["object"] = terminated(body["object"], terminating)
-    assert answered(client, body) == []
+    assert answered(metered_client, body) == []
 
 
 @being_deleted
 def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
-    client: FlaskClient, terminating: dict[str, Any]
+    metered_client: FlaskClient, terminating: dict[str, Any]
 ) -> None:
     """The top-level target writes its subtree's reports: a sub-tenant's namespace being deleted
     gets none (the sync would fail on it), the others theirs, and its figures stay in the
@@ -265,7 +264,7 @@ def test_no_report_goes_into_a_terminating_namespace_at_any_depth(
     body = requests()["tenant-acme"]
     lab = body["related"][NAMESPACES]["tenant-acme-lab"]
     body["related"][NAMESPACES]["tenant-acme-lab"] = terminated(lab, terminating)
-    assert [r["metadata"]["namespace"] for r in answered(client, body)] == ["tenant-acme"]
+    assert [r["metadata"]["namespace"] for r in answered(metered_client, body)] == ["tenant-acme"]
     outcome = budget_report.sync(
         decode_report_sync(json.dumps(body).encode()), "cozystack-values", "cozy-gpu"
     )
@@ -278,12 +277,12 @@ def test_the_class_index_is_read_from_the_releases_namespace_alone(settings: Set
     (which the pools relate) is not the index, even where it sorts first (Metacontroller sends
     each group as a map sorted by `namespace/name`): the figures stay the real index's."""
     installed = settings.model_copy(update={"budget_classes_namespace": "zz-gpu"})
-    client = create_app(installed, metrics=Metrics(180.0)).test_client()
+    metered_client = create_app(installed, metrics=Metrics(180.0)).test_client()
     body = requests()["tenant-acme"]
     [(key, index)] = body["related"][CONFIGMAPS].items()
     index = {**index, "metadata": {**index["metadata"], "namespace": "zz-gpu"}}
     body["related"][CONFIGMAPS] = {"zz-gpu/gpuclass-budget-classes": index}
-    real = answered(client, json.loads(json.dumps(body)))
+    real = answered(metered_client, json.loads(json.dumps(body)))
     assert real and key.endswith("/gpuclass-budget-classes")
     planted_index = {"classes": [], "undecodable": []}  # every device of no class
     planted = {
@@ -297,17 +296,17 @@ def test_the_class_index_is_read_from_the_releases_namespace_alone(settings: Set
         "data": {"classes.json": json.dumps(planted_index)},
     }
     body["related"][CONFIGMAPS]["tenant-acme/gpuclass-budget-classes"] = planted
-    assert answered(client, body) == real
+    assert answered(metered_client, body) == real
 
 
 def test_a_release_without_the_application_name_label_is_listed_by_its_release_name(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     items = tenancy_items()
     del release(items, "tenant-acme/vm-instance-render")["metadata"]["labels"][
         "apps.cozystack.io/application.name"
     ]
-    acme = document(reports(client, requests(items))["tenant-acme"])
+    acme = document(reports(metered_client, requests(items))["tenant-acme"])
     assert [(a["kind"], a["name"]) for a in acme["apps"]] == [
         ("VMInstance", "vm-instance-render"),
         ("KubernetesNodes", "workers"),
@@ -315,7 +314,7 @@ def test_a_release_without_the_application_name_label_is_listed_by_its_release_n
 
 
 def test_a_bounded_tenant_whose_namespace_is_not_made_yet_has_its_series(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
     """One series per bounded tenant and key, whether or not its namespace exists yet (the
     tenant chart makes it after its release): its figures, and no report to write there."""
@@ -331,20 +330,20 @@ def test_a_bounded_tenant_whose_namespace_is_not_made_yet_has_its_series(
     }
     for body in bodies.values():
         body["related"].get(NAMESPACES, {}).pop("tenant-acme-lab", None)
-    assert "tenant-acme-lab" not in reports(client, bodies)
+    assert "tenant-acme-lab" not in reports(metered_client, bodies)
     left = series(metrics, "cozystack_gpu_budget_left_units")
     assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme-lab"', 'tenant="lab"')] == 1.0
 
 
-def test_a_tenant_no_longer_bounded_loses_its_report(client: FlaskClient) -> None:
+def test_a_tenant_no_longer_bounded_loses_its_report(metered_client: FlaskClient) -> None:
     items = tenancy_items()
     release(items, "tenant-acme/tenant-lab")["spec"]["values"] = {}
-    assert "tenant-acme-lab" not in reports(client, requests(items))
+    assert "tenant-acme-lab" not in reports(metered_client, requests(items))
 
 
 @pytest.mark.parametrize("group", [HELMRELEASES, CONFIGMAPS, NAMESPACES])
 def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
-    client: FlaskClient, group: str
+    metered_client: FlaskClient, group: str
 ) -> None:
     body = requests()["tenant-acme"]
     kept = config_map(
@@ -352,7 +351,7 @@ def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
     )
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
     del body["related"][group]
-    response = client.post(SYNC, json=body).get_json()
+    response = metered_client.post(SYNC, json=body).get_json()
     assert response["resyncAfterSeconds"] == 10.0
     assert response["attachments"] == [
         {
@@ -368,12 +367,12 @@ def test_while_the_related_groups_cannot_be_trusted_the_report_is_kept_as_it_is(
     ]
 
 
-def index_of(client: FlaskClient, classes: dict[str, Any]) -> dict[str, Any]:
+def index_of(metered_client: FlaskClient, classes: dict[str, Any]) -> dict[str, Any]:
     """The class index the index's sync writes for these GPUClasses, as Metacontroller sends it
     to the pools."""
     body = json.loads(example_of("/budget-report/sync"))
     body["related"][GPUCLASSES] = classes
-    answer = client.post("/budget-report/sync", json=body)
+    answer = metered_client.post("/budget-report/sync", json=body)
     assert answer.status_code == 200, answer.get_data()
     [index] = answer.get_json()["attachments"]
     assert set(answer.get_json()) == {"attachments", "status"}
@@ -393,13 +392,13 @@ def example_classes() -> dict[str, Any]:
 
 
 def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     """A device of that class maps to no key, so every figure could be short: the index names
     it, and every pool reading the index says so."""
     bodies = requests()
-    with_index(bodies, index_of(client, {**example_classes(), "broken": {"metadata": []}}))
-    found = reports(client, bodies)
+    with_index(bodies, index_of(metered_client, {**example_classes(), "broken": {"metadata": []}}))
+    found = reports(metered_client, bodies)
     assert sorted(found) == ["tenant-acme", "tenant-acme-lab", "tenant-legacy"]
     assert all(document(r)["keys"] == [] for r in found.values())
     assert {document(r)["unreadable"] for r in found.values()} == {
@@ -408,9 +407,9 @@ def test_a_gpuclass_that_does_not_decode_leaves_every_pool_without_figures(
 
 
 def test_the_class_index_holds_each_classs_identity_in_the_releases_namespace(
-    client: FlaskClient, settings: Settings
+    metered_client: FlaskClient, settings: Settings
 ) -> None:
-    index = index_of(client, example_classes())
+    index = index_of(metered_client, example_classes())
     assert index["metadata"] == {
         "name": "gpuclass-budget-classes",
         "namespace": settings.budget_classes_namespace,
@@ -437,37 +436,39 @@ def test_the_class_index_holds_each_classs_identity_in_the_releases_namespace(
     }
 
 
-def test_a_class_status_write_leaves_the_class_index_as_it_is(client: FlaskClient) -> None:
+def test_a_class_status_write_leaves_the_class_index_as_it_is(metered_client: FlaskClient) -> None:
     """A class's status changes with every pod on its nodes: were the index to change with it,
     each write would re-sync every pool's report."""
     classes = example_classes()
-    before = index_of(client, classes)
+    before = index_of(metered_client, classes)
     for gpuclass in classes.values():
         gpuclass["status"] = {"free": 7, "observedGeneration": 3, "conditions": []}
         gpuclass["metadata"]["resourceVersion"] = "999"
-    assert index_of(client, classes) == before
+    assert index_of(metered_client, classes) == before
 
 
-def test_the_pools_read_the_class_index_not_the_gpuclasses(client: FlaskClient) -> None:
+def test_the_pools_read_the_class_index_not_the_gpuclasses(metered_client: FlaskClient) -> None:
     """What a report says of a class comes from the index: a class the index does not know
     leaves its devices unclassed, counted under the total key."""
     bodies = requests()
-    with_index(bodies, index_of(client, {}))
-    acme = reports(client, bodies)["tenant-acme"]
+    with_index(bodies, index_of(metered_client, {}))
+    acme = reports(metered_client, bodies)["tenant-acme"]
     assert document(acme)["unclassed"] == [
         {"resource": "nvidia.com/GH100_H100_PCIE", "devices": 1},
         {"resource": L40S, "devices": 2},
     ]
 
 
-def test_without_the_class_index_a_pool_keeps_its_report_as_it_is(client: FlaskClient) -> None:
+def test_without_the_class_index_a_pool_keeps_its_report_as_it_is(
+    metered_client: FlaskClient,
+) -> None:
     """Before the index is first written (an install, an upgrade): writing it re-syncs every
     pool, so nothing waits on a retry."""
     body = requests()["tenant-acme"]
     kept = config_map("tenant-acme", {"budget.json": "{}", "budget.txt": "as it was"})
     body["attachments"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
     body["related"][CONFIGMAPS] = {"tenant-acme/gpu-budget": kept}
-    answer = client.post(SYNC, json=body).get_json()
+    answer = metered_client.post(SYNC, json=body).get_json()
     assert answer == {
         "attachments": [{**kept, "metadata": {**kept["metadata"], "labels": REPORT_LABELS}}],
         "status": None,
@@ -475,13 +476,13 @@ def test_without_the_class_index_a_pool_keeps_its_report_as_it_is(client: FlaskC
 
 
 def test_an_unreadable_class_index_keeps_the_report_and_is_logged(
-    client: FlaskClient, caplog: pytest.LogCaptureFixture
+    metered_client: FlaskClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     bodies = requests()
-    index = index_of(client, example_classes())
+    index = index_of(metered_client, example_classes())
     index["data"]["classes.json"] = "{not json"
     with_index(bodies, index)
-    assert answered(client, bodies["tenant-acme"]) == []
+    assert answered(metered_client, bodies["tenant-acme"]) == []
     skipped = [
         getattr(r, "fields", {}).get("objects")
         for r in caplog.records
@@ -503,23 +504,25 @@ def test_an_unreadable_class_index_keeps_the_report_and_is_logged(
     ],
     ids=["another-kind", "no-name", "missing"],
 )
-def test_a_target_that_is_not_a_named_namespace_is_a_400(client: FlaskClient, target: Any) -> None:
+def test_a_target_that_is_not_a_named_namespace_is_a_400(
+    metered_client: FlaskClient, target: Any
+) -> None:
     body = requests()["tenant-acme"]
     body["object"] = target
     customize = {"parent": target}
     for route, sent in ((SYNC, body), ("/budget-pools/customize", customize)):
-        response = client.post(route, json=sent)
+        response = metered_client.post(route, json=sent)
         assert response.status_code == 400 and set(response.get_json()) == {"error"}
 
 
 def test_a_namespace_no_tenant_could_own_relates_nothing_and_gets_no_report(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     parent = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}
-    customize = client.post("/budget-pools/customize", json={"parent": parent}).get_json()
+    customize = metered_client.post("/budget-pools/customize", json={"parent": parent}).get_json()
     assert customize == {"relatedResources": []}
     body = {"object": parent, "attachments": {CONFIGMAPS: {}}, "related": {}}
-    assert client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
+    assert metered_client.post(SYNC, json=body).get_json() == {"attachments": [], "status": None}
 
 
 KINDS = LabelSelector(
@@ -579,39 +582,43 @@ def test_the_roots_rules_select_the_whole_tenancy_only_through_the_roots_pool_la
     ]
 
 
-def test_the_class_index_replaces_the_reports_of_earlier_versions(client: FlaskClient) -> None:
+def test_the_class_index_replaces_the_reports_of_earlier_versions(
+    metered_client: FlaskClient,
+) -> None:
     """The one-target report of earlier versions was attached to the release's ClusterRole too:
     the index's sync attaches the index alone, so Metacontroller deletes those reports, which the
     pool reports cannot write over."""
     body = json.loads(example_of("/budget-report/sync"))
     assert body["attachments"][CONFIGMAPS]
-    answer = client.post("/budget-report/sync", json=body).get_json()
+    answer = metered_client.post("/budget-report/sync", json=body).get_json()
     assert [a["metadata"]["name"] for a in answer["attachments"]] == ["gpuclass-budget-classes"]
 
 
 def test_the_class_index_without_its_classes_attaches_nothing_and_asks_again(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     body = json.loads(example_of("/budget-report/sync"))
     del body["related"][GPUCLASSES]
-    answer = client.post("/budget-report/sync", json=body).get_json()
+    answer = metered_client.post("/budget-report/sync", json=body).get_json()
     assert answer == {"attachments": [], "status": None, "resyncAfterSeconds": 10.0}
 
 
 @pytest.mark.parametrize("route", ["/budget-report/sync", "/budget-report/customize"])
 def test_the_class_index_takes_the_releases_cluster_role_alone(
-    client: FlaskClient, route: str
+    metered_client: FlaskClient, route: str
 ) -> None:
     body = json.loads(example_of(route))
     key = "object" if "object" in body else "parent"
     body[key] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}
-    assert client.post(route, json=body).status_code == 400
+    assert metered_client.post(route, json=body).status_code == 400
 
 
 def test_the_class_index_relates_the_gpuclasses_and_the_cluster_instance_types_alone(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
-    answer = client.post("/budget-report/customize", data=example_of("/budget-report/customize"))
+    answer = metered_client.post(
+        "/budget-report/customize", data=example_of("/budget-report/customize")
+    )
     assert answer.get_json() == {
         "relatedResources": [
             {"apiVersion": "cozystack.io/v1alpha1", "resource": "gpuclasses"},
@@ -633,9 +640,9 @@ def series(metrics: Metrics, family: str) -> dict[tuple[str, ...], float]:
 
 
 def test_the_metrics_hold_one_series_per_bounded_tenant_and_key(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
-    reports(client, requests())
+    reports(metered_client, requests())
     left = series(metrics, "cozystack_gpu_budget_left_units")
     assert left == {
         (f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"'): 0.0,
@@ -648,15 +655,17 @@ def test_the_metrics_hold_one_series_per_bounded_tenant_and_key(
     }
     items = tenancy_items()
     release(items, "tenant-acme/tenant-lab")["spec"]["values"] = {}
-    reports(client, requests(items))  # a namespace whose report finds no pool: gone at once
+    reports(metered_client, requests(items))  # a namespace whose report finds no pool: gone at once
     assert not any("tenant-acme-lab" in k for k in series(metrics, "cozystack_gpu_budget_units"))
 
 
-def test_a_pool_over_its_budget_shows_below_zero(client: FlaskClient, metrics: Metrics) -> None:
+def test_a_pool_over_its_budget_shows_below_zero(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
     items = tenancy_items()
     quotas = release(items, "tenant-root/tenant-acme")["spec"]["values"]
     quotas["resourceQuotas"][TOTAL] = "2"  # lowered by the operator under what is held
-    reports(client, requests(items))
+    reports(metered_client, requests(items))
     left = series(metrics, "cozystack_gpu_budget_left_units")
     assert left[(f'key="{TOTAL}"', 'namespace="tenant-acme"', 'tenant="acme"')] == -2.0
 
@@ -754,12 +763,12 @@ def test_the_reports_the_metrics_and_plan_give_the_models_figures(
 
 
 def test_devices_no_class_names_are_listed_apart_and_count_under_the_total_key(
-    client: FlaskClient,
+    metered_client: FlaskClient,
 ) -> None:
     """A class deleted while a VM holds its devices: the devices stay in the pool's total, listed
     by the resource they were reserved under (docs/gpu-budgets.md, "Classes change")."""
     items = [o for o in tenancy_items() if o["metadata"]["name"] != "l40s-24q"]
-    report = reports(client, requests(items))["tenant-acme"]
+    report = reports(metered_client, requests(items))["tenant-acme"]
     acme = document(report)
     [total] = [use for use in acme["keys"] if use["key"] == TOTAL]
     assert total["reserved"] == 3

@@ -34,11 +34,6 @@ LAUNCHER = {"kubevirt.io": "virt-launcher"}
 H100 = "nvidia.com/GH100_H100_PCIE"
 
 
-@pytest.fixture
-def client(settings: Settings) -> FlaskClient:
-    return create_app(settings).test_client()
-
-
 def labels_of(client: FlaskClient, target: dict[str, Any]) -> dict[str, Any]:
     body = {
         "controller": {

@@ -28,11 +28,6 @@ LEVEL = "gpuclass.cozystack.io/pool-level-"
 TOP_LEVEL = "gpuclass.cozystack.io/top-level-namespace"
 
 
-@pytest.fixture
-def client(settings: Settings) -> FlaskClient:
-    return create_app(settings).test_client()
-
-
 def namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 

@@ -64,7 +64,7 @@ def https_api(ca: trustme.CA) -> Iterator[tuple[str, list[dict[str, str]]]]:
         thread.join()
 
 
-def client(api: str, tmp_path: Path, ca_pem: bytes | None) -> ApiClient:
+def api_client(api: str, tmp_path: Path, ca_pem: bytes | None) -> ApiClient:
     token = tmp_path / "token"
     token.write_text("sa-token\n")
     ca_file = tmp_path / "ca.crt"
@@ -79,7 +79,7 @@ def test_a_read_checks_the_api_servers_certificate_against_the_ca_file(
     https_api: tuple[str, list[dict[str, str]]], ca: trustme.CA, tmp_path: Path
 ) -> None:
     api, seen = https_api
-    body = client(api, tmp_path, ca.cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
+    body = api_client(api, tmp_path, ca.cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
     assert json.loads(body) == OBJECT
     assert (seen[0]["accept"], seen[0]["authorization"]) == ("application/json", "Bearer sa-token")
 
@@ -110,7 +110,7 @@ def test_a_certificate_another_ca_signed_is_refused(
 ) -> None:
     api, seen = https_api
     with pytest.raises(Unreadable, match=r"^request failed \(SSLError\)$"):
-        client(api, tmp_path, trustme.CA().cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
+        api_client(api, tmp_path, trustme.CA().cert_pem.bytes()).get("/apis/kubevirt.io/v1/x")
     assert seen == []
 
 
@@ -119,7 +119,7 @@ def test_without_a_ca_file_the_system_cas_are_the_judges(
 ) -> None:
     api, seen = https_api
     with pytest.raises(Unreadable, match=r"^request failed \(SSLError\)$"):
-        client(api, tmp_path, None).get("/apis/kubevirt.io/v1/x")
+        api_client(api, tmp_path, None).get("/apis/kubevirt.io/v1/x")
     assert seen == []
 
 

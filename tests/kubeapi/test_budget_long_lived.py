@@ -73,7 +73,7 @@ def worker_pool(namespace: str, name: str, spec: dict[str, Any]) -> Any:
     return review_request("KubernetesNodes", namespace, name, spec)
 
 
-def tenant(namespace: str, name: str, quotas: Any, **review: Any) -> Any:
+def tenant_request(namespace: str, name: str, quotas: Any, **review: Any) -> Any:
     return review_request("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
 
 
@@ -120,7 +120,7 @@ def test_a_release_name_names_a_tenant_only_as_tenant_and_a_dashless_name() -> N
 def test_a_gpu_domain_key_without_a_slash_is_refused(apiserver: FakeApiServer, key: str) -> None:
     """Escape 2: accepted silently, the operator believed a budget was set."""
     budgets = cluster(apiserver, ROOT_TWO)
-    verdict = verdict_of(tenant("tenant-root", "x", {key: 8}), budgets)
+    verdict = verdict_of(tenant_request("tenant-root", "x", {key: 8}), budgets)
     assert (verdict.allowed, verdict.message) == (
         False,
         f"{key}: not a GPU budget key; use {TOTAL_KEY} or <class>.gpuclass.cozystack.io/devices",
@@ -157,7 +157,7 @@ def test_two_tenant_releases_claiming_one_namespace_deny_the_verdicts_that_need_
     for review in (
         vm_review("tenant-a", "v", GPU),
         vm_review("tenant-x", "v", GPU),
-        tenant("tenant-root", "x", {TOTAL_KEY: "1"}, **edit),
+        tenant_request("tenant-root", "x", {TOTAL_KEY: "1"}, **edit),
     ):
         verdict = verdict_of(review, budgets)
         assert (verdict.allowed, verdict.message) == (
@@ -207,7 +207,7 @@ def test_a_quantity_is_matched_whole_and_a_json_number_has_the_same_bounds() -> 
 
 def test_a_quota_with_a_trailing_newline_is_refused_at_the_gate(apiserver: FakeApiServer) -> None:
     budgets = cluster(apiserver, ROOT_TWO)
-    verdict = verdict_of(tenant("tenant-root", "x", {TOTAL_KEY: "1\n"}), budgets)
+    verdict = verdict_of(tenant_request("tenant-root", "x", {TOTAL_KEY: "1\n"}), budgets)
     assert verdict.allowed is False
     assert verdict.message.endswith(f"spec.resourceQuotas.{TOTAL_KEY}: not a quantity")
 
@@ -397,9 +397,9 @@ def test_a_release_with_values_from_fails_closed_for_the_verdicts_that_need_it(
         "spec.valuesFrom: values from ConfigMap vm-values, which the webhook does not read",
     )
     assert verdict_of(vm_review("default", "v", GPU), budgets).allowed is True
-    a_cpu_quota = tenant("tenant-a", "b", {"requests.cpu": "1"})
+    a_cpu_quota = tenant_request("tenant-a", "b", {"requests.cpu": "1"})
     assert verdict_of(a_cpu_quota, budgets).allowed is False  # must-declare: the pool has a key
-    at_zero = verdict_of(tenant("tenant-a", "b", {TOTAL_KEY: "0"}), budgets)
+    at_zero = verdict_of(tenant_request("tenant-a", "b", {TOTAL_KEY: "0"}), budgets)
     assert at_zero.allowed is True
 
 
@@ -477,6 +477,6 @@ def test_an_update_of_an_app_whose_own_release_takes_values_from_elsewhere(
     )
     budgets = cluster(apiserver, ROOT_TWO, quotas)
     old = {"resourceQuotas": {TOTAL_KEY: "1"}}
-    edited = verdict_of(tenant("tenant-root", "a", {TOTAL_KEY: "1", "requests.cpu": "1"},
+    edited = verdict_of(tenant_request("tenant-root", "a", {TOTAL_KEY: "1", "requests.cpu": "1"},
                                operation="UPDATE", old_spec=old), budgets)  # fmt: skip
     assert edited.allowed is False and "spec.valuesFrom" in edited.message

@@ -42,7 +42,7 @@ ADMISSION_ROUTES = tuple(hook.path for hook in HOOKS if hook.https_only)
 
 
 @pytest.fixture(scope="module")
-def client() -> FlaskClient:
+def offline_client() -> FlaskClient:
     # No API server: KubeVirt is unreadable, which is itself a defined fallback.
     return create_app(
         Settings(kube_api="http://127.0.0.1:9", kube_timeout_seconds=0.2)
@@ -72,8 +72,8 @@ def assert_answered(response: Any, route: str) -> None:
         assert payload["status"] is None and isinstance(payload["attachments"], list)
 
 
-def still_serving(client: FlaskClient) -> None:
-    response = client.post(
+def still_serving(offline_client: FlaskClient) -> None:
+    response = offline_client.post(
         "/status/sync", json=status_sync_request(gpuclass("ok"), nodes=[node("gpu-1")])
     )
     assert response.status_code == 200
@@ -111,8 +111,8 @@ def body_id(body: bytes) -> str:
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("body", RAW_BODIES, ids=body_id)
-def test_malformed_bodies(client: FlaskClient, route: str, body: bytes) -> None:
-    assert_answered(client.post(route, data=body, content_type="application/json"), route)
+def test_malformed_bodies(offline_client: FlaskClient, route: str, body: bytes) -> None:
+    assert_answered(offline_client.post(route, data=body, content_type="application/json"), route)
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -120,12 +120,14 @@ def test_malformed_bodies(client: FlaskClient, route: str, body: bytes) -> None:
     "content_type",
     ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""],
 )
-def test_wrong_content_types(client: FlaskClient, route: str, content_type: str) -> None:
+def test_wrong_content_types(offline_client: FlaskClient, route: str, content_type: str) -> None:
     body = json.dumps(
         status_sync_request(gpuclass("a")) if "sync" in route else {"parent": gpuclass("a")}
     )
-    assert_answered(client.post(route, data=body, content_type=content_type), route)
-    assert_answered(client.post(route, data="parent=x&related=y", content_type=content_type), route)
+    assert_answered(offline_client.post(route, data=body, content_type=content_type), route)
+    assert_answered(
+        offline_client.post(route, data="parent=x&related=y", content_type=content_type), route
+    )
 
 
 def envelope_variants() -> list[dict[str, Any]]:
@@ -161,10 +163,10 @@ def envelope_variants() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("route", ROUTES)
-def test_wrong_types_at_every_level(client: FlaskClient, route: str) -> None:
+def test_wrong_types_at_every_level(offline_client: FlaskClient, route: str) -> None:
     for variant in envelope_variants():
-        assert_answered(client.post(route, json=variant), route)
-    still_serving(client)
+        assert_answered(offline_client.post(route, json=variant), route)
+    still_serving(offline_client)
 
 
 # A malformed quantity counts 0 wherever it stands, so only gpu-2's 4 units are free; 1Ki is 1024
@@ -186,13 +188,15 @@ def test_wrong_types_at_every_level(client: FlaskClient, route: str) -> None:
         ("\u0661", 4),
     ],
 )
-def test_negative_and_absurd_quantities(client: FlaskClient, quantity: str, free: int) -> None:
+def test_negative_and_absurd_quantities(
+    offline_client: FlaskClient, quantity: str, free: int
+) -> None:
     request = status_sync_request(
         gpuclass("a"),
         nodes=[node("gpu-1", gpus=quantity), node("gpu-2", gpus=4, capacity=quantity)],
         pods=[pod("p", node_name="gpu-2", gpus=quantity)],
     )
-    response = client.post("/status/sync", json=request)
+    response = offline_client.post("/status/sync", json=request)
     assert response.status_code == 200
     assert (response.json["status"]["free"], response.json["status"]["maxFreePerNode"]) == (
         free,
@@ -200,39 +204,39 @@ def test_negative_and_absurd_quantities(client: FlaskClient, quantity: str, free
     )
 
 
-def test_unknown_kinds_and_groups_under_related_are_ignored(client: FlaskClient) -> None:
+def test_unknown_kinds_and_groups_under_related_are_ignored(offline_client: FlaskClient) -> None:
     request = status_sync_request(gpuclass("a"), nodes=[node("gpu-1")])
     request["related"]["Widget.example.com/v1"] = {"w": {"kind": "Widget", "spec": [1, 2, 3]}}
     request["related"]["Node.v1"]["not-a-node"] = {"kind": "Pod", "metadata": {"name": "x"}}
-    response = client.post("/status/sync", json=request)
+    response = offline_client.post("/status/sync", json=request)
     assert response.status_code == 200
     assert response.json["status"]["free"] == 4
 
 
-def test_huge_strings(client: FlaskClient) -> None:
+def test_huge_strings(offline_client: FlaskClient) -> None:
     huge = "x" * 5_000_000
     request = status_sync_request(gpuclass("a"), nodes=[node("gpu-1", labels={"big": huge})])
     request["related"]["Node.v1"]["gpu-1"]["metadata"]["annotations"] = {"a": huge}
-    assert client.post("/status/sync", json=request).status_code == 200
+    assert offline_client.post("/status/sync", json=request).status_code == 200
     parent = gpuclass("a")
     parent["spec"]["resourceName"] = huge
-    response = client.post("/status/sync", json=status_sync_request(parent))
+    response = offline_client.post("/status/sync", json=status_sync_request(parent))
     assert response.status_code == 200
     assert response.json["status"]["conditions"][0]["reason"] == "InvalidSpec"
     assert len(response.get_data()) < 10_000  # the message names the field, never the value
 
 
-def test_unicode_in_names(client: FlaskClient) -> None:
+def test_unicode_in_names(offline_client: FlaskClient) -> None:
     request = status_sync_request(
         gpuclass("a"), nodes=[node("gpü-✓-1")], pods=[pod("пуд", node_name="gpü-✓-1")]
     )
-    assert client.post("/status/sync", json=request).json["status"]["free"] == 3
+    assert offline_client.post("/status/sync", json=request).json["status"]["free"] == 3
     weird = license_sync_request(
         licensed_class(),
         secrets=[source_secret()],
         namespaces=[namespace("tenant-a"), namespace("tenänt-✓"), namespace("UPPER")],
     )
-    response = client.post("/license/sync", json=weird)
+    response = offline_client.post("/license/sync", json=weird)
     assert response.status_code == 200
     # Kubernetes would refuse a copy in an invalid namespace name: it is skipped, never emitted.
     assert [a["metadata"]["namespace"] for a in response.json["attachments"]] == ["tenant-a"]
@@ -311,15 +315,15 @@ envelopes = st.fixed_dictionaries(
 )
 @given(envelope=envelopes, route=st.sampled_from(ROUTES))
 def test_generated_envelopes_never_fail_the_service(
-    client: FlaskClient, envelope: dict[str, Any], route: str
+    offline_client: FlaskClient, envelope: dict[str, Any], route: str
 ) -> None:
-    assert_answered(client.post(route, json=envelope), route)
+    assert_answered(offline_client.post(route, json=envelope), route)
 
 
-def test_service_keeps_serving_after_the_storm(client: FlaskClient) -> None:
+def test_service_keeps_serving_after_the_storm(offline_client: FlaskClient) -> None:
     for body in RAW_BODIES:
-        client.post("/status/sync", data=body)
-    still_serving(client)
+        offline_client.post("/status/sync", data=body)
+    still_serving(offline_client)
 
 
 # --- the admission routes: what tenants' own actions reach ------------------------------------

@@ -26,11 +26,6 @@ RULE_KEYS = {"apiVersion", "resource", "labelSelector", "namespaceSelector", "na
 SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
 
 
-@pytest.fixture
-def client(settings: Settings) -> FlaskClient:
-    return create_app(settings).test_client()
-
-
 def post(client: FlaskClient, route: str, body: Any, **kwargs: Any) -> Any:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return client.post(

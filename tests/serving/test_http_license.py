@@ -36,11 +36,6 @@ DECORATOR_SYNC_KEYS = {
 }
 
 
-@pytest.fixture
-def client(settings: Settings) -> FlaskClient:
-    return create_app(settings).test_client()
-
-
 def test_license_customize_example(client: FlaskClient) -> None:
     response = post(
         client, "/license/customize", (EXAMPLES / "license-customize.json").read_bytes()

@@ -245,7 +245,7 @@ def client_of(
 
 
 @pytest.fixture(params=[None, 0], ids=["in-thread", "apart"])
-def client(
+def budgeted_client(
     settings: Settings, memory: MemoryBudget, metrics: Metrics, request: pytest.FixtureRequest
 ) -> FlaskClient:
     """Every call computed in its thread, or every call computed in a process of its own."""
@@ -265,18 +265,18 @@ def sync_body(nodes: int = 40) -> bytes:
     return body
 
 
-def test_released_after_an_answer(client: FlaskClient, memory: MemoryBudget) -> None:
-    assert client.post("/status/sync", data=sync_body()).status_code == 200
+def test_released_after_an_answer(budgeted_client: FlaskClient, memory: MemoryBudget) -> None:
+    assert budgeted_client.post("/status/sync", data=sync_body()).status_code == 200
     assert memory.reserved_bytes == 0
 
 
-def test_released_after_a_400(client: FlaskClient, memory: MemoryBudget) -> None:
-    assert client.post("/status/sync", data=b"{" * 4096).status_code == 400
+def test_released_after_a_400(budgeted_client: FlaskClient, memory: MemoryBudget) -> None:
+    assert budgeted_client.post("/status/sync", data=b"{" * 4096).status_code == 400
     assert memory.reserved_bytes == 0
 
 
-def test_released_after_a_413(client: FlaskClient, memory: MemoryBudget) -> None:
-    response = client.post("/status/sync", data=b" " * (201 * KIB))
+def test_released_after_a_413(budgeted_client: FlaskClient, memory: MemoryBudget) -> None:
+    response = budgeted_client.post("/status/sync", data=b" " * (201 * KIB))
     assert response.status_code == 413
     assert memory.reserved_bytes == 0
 
@@ -294,10 +294,10 @@ def test_released_after_a_500(
 
 
 def test_released_when_the_client_goes_away_mid_body(
-    client: FlaskClient, memory: MemoryBudget
+    budgeted_client: FlaskClient, memory: MemoryBudget
 ) -> None:
     body = sync_body()
-    response = client.post(
+    response = budgeted_client.post(
         "/status/sync",
         input_stream=io.BytesIO(body[: len(body) // 2]),
         headers={"Content-Length": str(len(body)), "Content-Type": "application/json"},
@@ -325,10 +325,10 @@ def test_held_while_the_call_runs(
 
 
 def test_a_call_that_waits_too_long_gets_429_with_retry_after(
-    client: FlaskClient, memory: MemoryBudget, metrics: Metrics
+    budgeted_client: FlaskClient, memory: MemoryBudget, metrics: Metrics
 ) -> None:
     held = memory.reserve(260 * KIB)  # 390 KiB of 400: no body larger than 6 KiB fits
-    response = client.post("/status/sync", data=sync_body())
+    response = budgeted_client.post("/status/sync", data=sync_body())
     assert response.status_code == 429
     assert response.headers["Retry-After"] == str(RETRY_AFTER_SECONDS)
     assert response.json == {"error": "the service is at its memory budget: retry later"}
@@ -344,10 +344,10 @@ def test_a_call_that_can_never_fit_gets_413_naming_the_setting(
 ) -> None:
     memory = budget(total=100 * KIB)
     metrics = Metrics(180.0)
-    client = create_app(settings, memory=memory, metrics=metrics).test_client()
+    budgeted_client = create_app(settings, memory=memory, metrics=metrics).test_client()
     body = sync_body(200)
     assert memory.share(len(body)) > memory.budget_bytes
-    response = client.post("/status/sync", data=body)
+    response = budgeted_client.post("/status/sync", data=body)
     assert response.status_code == 413
     assert response.json["error"] == (
         f"a body of {len(body)} bytes needs {memory.share(len(body))} bytes of the memory budget "
@@ -363,8 +363,8 @@ def test_a_call_that_can_never_fit_gets_413_naming_the_setting(
 def test_a_chunked_body_that_could_exceed_the_budget_must_say_its_length(
     settings: Settings,
 ) -> None:
-    client = create_app(settings, memory=budget(total=100 * KIB)).test_client()
-    response = client.post(
+    budgeted_client = create_app(settings, memory=budget(total=100 * KIB)).test_client()
+    response = budgeted_client.post(
         "/status/sync",
         input_stream=io.BytesIO(sync_body()),
         headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"},
@@ -398,11 +398,11 @@ def test_unauthenticated_callers_never_hold_the_budget(
 ) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("right\n")
-    client = create_app(
+    budgeted_client = create_app(
         settings.model_copy(update={"auth_token_file": tokens}), memory=memory
     ).test_client()
     held = memory.reserve(260 * KIB)
-    response = client.post("/status/sync", data=sync_body())
+    response = budgeted_client.post("/status/sync", data=sync_body())
     assert response.status_code == 401  # at once: it never queued
     assert memory.waiting == 0
     assert isinstance(held, Admitted)

@@ -54,11 +54,6 @@ def metrics(clock: Clock) -> Metrics:
     return Metrics(STALE_AFTER_SECONDS, clock)
 
 
-@pytest.fixture
-def client(settings: Settings, metrics: Metrics) -> FlaskClient:
-    return create_app(settings, metrics=metrics).test_client()
-
-
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """What the metrics port answers a scrape."""
     reply = metrics_routes(metrics, None)["/metrics"]({})
@@ -106,8 +101,10 @@ def labels(**kwargs: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(kwargs.items()))
 
 
-def test_capacity_and_use_split_by_eligibility(client: FlaskClient, metrics: Metrics) -> None:
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+def test_capacity_and_use_split_by_eligibility(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     samples = scrape(metrics)
     resource = "nvidia.com/NVIDIA_L40S-24Q"
     assert series(samples, "cozystack_gpu_class_capacity_units") == {
@@ -129,10 +126,12 @@ def test_capacity_and_use_split_by_eligibility(client: FlaskClient, metrics: Met
     )
 
 
-def test_conflicting_class_exports_no_inventory(client: FlaskClient, metrics: Metrics) -> None:
+def test_conflicting_class_exports_no_inventory(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
     older = gpuclass("a-old", created="2025-01-01T00:00:00Z")
     younger = gpuclass("b-new", created="2026-01-01T00:00:00Z")
-    client.post("/status/sync", json=cluster_request(younger, [older, younger]))
+    metered_client.post("/status/sync", json=cluster_request(younger, [older, younger]))
     samples = scrape(metrics)
     for name in (
         "cozystack_gpu_class_capacity_units",
@@ -153,22 +152,22 @@ def test_conflicting_class_exports_no_inventory(client: FlaskClient, metrics: Me
 
 
 def test_a_class_without_inventory_hides_no_other_classes(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
     older = gpuclass("b-old", created="2025-01-01T00:00:00Z")
     conflicting = gpuclass("a-new", created="2026-01-01T00:00:00Z")  # sorts first
     classes = [older, conflicting]
-    client.post("/status/sync", json=cluster_request(conflicting, classes))
-    client.post("/status/sync", json=cluster_request(older, classes))
+    metered_client.post("/status/sync", json=cluster_request(conflicting, classes))
+    metered_client.post("/status/sync", json=cluster_request(older, classes))
     assert list(series(scrape(metrics), "cozystack_gpu_class_free_units")) == [
         labels(**{"class": "b-old"})
     ]
 
 
 def test_deleted_class_series_disappear_when_time_advances(
-    client: FlaskClient, metrics: Metrics, clock: Clock
+    metered_client: FlaskClient, metrics: Metrics, clock: Clock
 ) -> None:
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     clock.now += STALE_AFTER_SECONDS  # three resyncs exactly: still the latest computation
     assert series(scrape(metrics), "cozystack_gpu_class_free_units")
     assert series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds") == {
@@ -181,46 +180,50 @@ def test_deleted_class_series_disappear_when_time_advances(
 
 
 def test_class_missing_from_a_sync_class_list_is_forgotten_at_once(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
     first, second = gpuclass("a"), gpuclass("b", resource="nvidia.com/OTHER")
-    client.post("/status/sync", json=cluster_request(first, [first, second]))
-    client.post("/status/sync", json=cluster_request(second, [first, second]))
+    metered_client.post("/status/sync", json=cluster_request(first, [first, second]))
+    metered_client.post("/status/sync", json=cluster_request(second, [first, second]))
     assert len(series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds")) == 2
-    client.post("/status/sync", json=cluster_request(second, [second]))
+    metered_client.post("/status/sync", json=cluster_request(second, [second]))
     assert list(series(scrape(metrics), "cozystack_gpu_class_last_sync_timestamp_seconds")) == [
         labels(**{"class": "b"})
     ]
 
 
-def test_one_value_per_series_the_most_recent(client: FlaskClient, metrics: Metrics) -> None:
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+def test_one_value_per_series_the_most_recent(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     request = cluster_request(gpuclass("l40s"))
     request["related"]["Pod.v1"] = {}
-    client.post("/status/sync", json=request)
+    metered_client.post("/status/sync", json=request)
     assert series(scrape(metrics), "cozystack_gpu_class_free_units") == {
         labels(**{"class": "l40s"}): 4.0
     }
 
 
-def test_license_copies_gauge(client: FlaskClient, metrics: Metrics) -> None:
+def test_license_copies_gauge(metered_client: FlaskClient, metrics: Metrics) -> None:
     request = license_sync_request(
         licensed_class(), secrets=[source_secret()], namespaces=[namespace("a"), namespace("b")]
     )
-    client.post("/license/sync", json=request)
+    metered_client.post("/license/sync", json=request)
     assert series(scrape(metrics), "cozystack_gpu_class_license_copies") == {
         labels(**{"class": "l40s"}): 2.0
     }
-    client.post(
+    metered_client.post(
         "/license/sync", json=license_sync_request(gpuclass("l40s"), secrets=[], namespaces=[])
     )
     assert series(scrape(metrics), "cozystack_gpu_class_license_copies") == {}
 
 
-def test_hook_metrics_by_route_template_and_code(client: FlaskClient, metrics: Metrics) -> None:
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
-    client.post("/status/sync", data=b"nope")
-    client.post("/nowhere/at/all", data=b"x")
+def test_hook_metrics_by_route_template_and_code(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", data=b"nope")
+    metered_client.post("/nowhere/at/all", data=b"x")
     samples = scrape(metrics)
     requests = series(samples, "cozystack_gpu_hook_requests_total")
     assert requests[labels(route="/status/sync", code="200")] == 1.0
@@ -237,13 +240,13 @@ def test_hook_metrics_by_route_template_and_code(client: FlaskClient, metrics: M
 
 
 def test_kubevirt_reads_by_outcome(
-    client: FlaskClient, metrics: Metrics, apiserver: FakeApiServer
+    metered_client: FlaskClient, metrics: Metrics, apiserver: FakeApiServer
 ) -> None:
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     apiserver.serve(KUBEVIRT_PATH, 500, {})
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     apiserver.serve(KUBEVIRT_PATH, 404, {"kind": "Status", "code": 404})
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     reads = series(scrape(metrics), "cozystack_gpu_kubevirt_reads_total")
     assert reads == {
         labels(outcome="found"): 1.0,
@@ -283,7 +286,7 @@ def exported_families(metrics: Metrics) -> list[str]:
     lines = []
     for family in text_string_to_metric_families(reply.body.decode()):
         if family.name.endswith("_created"):
-            continue  # prometheus-client's creation times, not ours
+            continue  # prometheus-metered_client's creation times, not ours
         names = sorted({k for s in family.samples for k in s.labels} - {"le"})
         buckets = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
         buckets = list(dict.fromkeys(buckets))
@@ -295,18 +298,18 @@ def exported_families(metrics: Metrics) -> list[str]:
 
 
 def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written_for(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
     """The families, their types, label names, buckets and help are the interface hosters'
     dashboards and alerts read: a change to any of them is a change to tests/metric-families.txt,
     made on purpose."""
-    client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
+    metered_client.post("/status/sync", json=cluster_request(gpuclass("l40s")))
     request = license_sync_request(
         licensed_class(), secrets=[source_secret()], namespaces=[namespace("a")]
     )
-    client.post("/license/sync", json=request)
-    client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
-    client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
+    metered_client.post("/license/sync", json=request)
+    metered_client.post("/budget-pools/sync", data=example_of("/budget-pools/sync"))
+    metered_client.post("/budget-report/sync", data=example_of("/budget-report/sync"))
     metrics.budgets.record(["tenant-old"], [PoolUse("tenant-old", "old", (), unreadable="unknown")])
     metrics.watch_threads(4, lambda: 0)
     metrics.memory_wait.observe(0.2)
@@ -321,7 +324,7 @@ def test_a_scrape_exports_exactly_the_families_dashboards_and_alerts_are_written
 
 
 def test_the_documented_metrics_are_the_exported_ones(
-    client: FlaskClient, metrics: Metrics
+    metered_client: FlaskClient, metrics: Metrics
 ) -> None:
     """docs/operating.md's table names every family with its labels."""
     documented = {}

@@ -37,10 +37,6 @@ def root(**quota: int) -> Tenant:
     )
 
 
-def tenant(parent_ns: str, name: str, declaration: dict[str, int] | None = None) -> Tenant:
-    return Tenant(parent_ns, name, declaration or {})
-
-
 def vm(namespace: str, name: str, *gpus: str, instance_type: str | None = None) -> App:
     return App(namespace, VM_INSTANCE, name, (Group(tuple(gpus), instance_type),))
 

@@ -13,6 +13,7 @@ from hooks.rules.budget.tenancy import (
 )
 from hooks.rules.budget.verdicts import FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
+from tests.builders import tenant
 from tests.rules.budget import (
     CATALOG,
     H100,
@@ -24,7 +25,6 @@ from tests.rules.budget import (
     pool,
     release_of,
     root,
-    tenant,
     vm,
 )
 

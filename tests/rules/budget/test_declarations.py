@@ -17,6 +17,7 @@ from hooks.rules.budget.tenancy import (
 from hooks.rules.budget.verdicts import FAILED_CLOSED, Verdict
 from hooks.rules.classes import ClassIdentity
 from tests import ROOT
+from tests.builders import tenant
 from tests.rules.budget import (
     A10,
     CATALOG,
@@ -32,7 +33,6 @@ from tests.rules.budget import (
     pool,
     release_of,
     root,
-    tenant,
     vm,
 )
 

@@ -7,11 +7,11 @@ from hooks.rules.budget.pools import Pools
 from hooks.rules.budget.tenancy import (
     Tenant,
 )
+from tests.builders import tenant
 from tests.rules.budget import (
     CATALOG,
     L40S,
     root,
-    tenant,
     vm,
 )
 

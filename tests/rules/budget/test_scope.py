@@ -9,7 +9,7 @@ from dataclasses import replace
 from hooks.rules.budget.keys import TOTAL_KEY
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
-from tests.builders import GPU
+from tests.builders import GPU, tenant
 from tests.rules.budget import vm as gpu_vm
 
 ROOT = Tenant("tenant-root", "root", {}, release="tenant-root")
@@ -44,8 +44,11 @@ class Cluster:
                 ]
 
 
-def tenant(where: str, name: str, declaration: dict[str, int | None] | None = None) -> Tenant:
-    return Tenant(where, name, declaration or {}, release=f"tenant-{name}")
+def stored_tenant(
+    where: str, name: str, declaration: dict[str, int | None] | None = None
+) -> Tenant:
+    """A tenant as its HelmRelease stores it: the release named `tenant-<name>`."""
+    return tenant(where, name, declaration, release=f"tenant-{name}")
 
 
 def vm(namespace: str, name: str) -> App:
@@ -76,11 +79,11 @@ def test_a_tenant_labelled_only_on_another_release_is_looked_for_among_the_unlab
 # bounded sub-tenants (each its own pool) and goes through unbounded ones.
 TREE: list[Tenant | App] = [
     ROOT,
-    tenant("tenant-root", "a", {TOTAL_KEY: 4}),
-    tenant("tenant-a", "u"),  # unbounded: inside a's pool
-    tenant("tenant-a", "b", {TOTAL_KEY: 1}),  # bounded: a pool of its own
-    tenant("tenant-a-b", "c"),
-    tenant("tenant-a-u", "w"),
+    stored_tenant("tenant-root", "a", {TOTAL_KEY: 4}),
+    stored_tenant("tenant-a", "u"),  # unbounded: inside a's pool
+    stored_tenant("tenant-a", "b", {TOTAL_KEY: 1}),  # bounded: a pool of its own
+    stored_tenant("tenant-a-b", "c"),
+    stored_tenant("tenant-a-u", "w"),
     vm("tenant-a-u", "vm-u"),
     vm("tenant-a-b", "vm-b"),
     vm("tenant-a-b-c", "vm-c"),
@@ -131,9 +134,9 @@ def test_each_release_is_kept_once_however_many_reads_return_it() -> None:
 def many_tenants_without_budgets(count: int) -> Cluster:
     """The root without a budget, `count` tenants without one beside each other, five apps
     each, and one bounded tenant among them."""
-    releases: list[Tenant | App] = [ROOT, tenant("tenant-root", "bounded", {TOTAL_KEY: 4})]
+    releases: list[Tenant | App] = [ROOT, stored_tenant("tenant-root", "bounded", {TOTAL_KEY: 4})]
     for index in range(count):
-        releases.append(tenant("tenant-root", f"t{index}"))
+        releases.append(stored_tenant("tenant-root", f"t{index}"))
         releases += [vm(f"tenant-t{index}", f"v{n}") for n in range(5)]
     return Cluster(releases)
 
