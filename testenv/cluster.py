@@ -39,7 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trustme
-from controlplane import ApiServer, etcd_command  # testenv/controlplane.py
+from controlplane import (  # testenv/controlplane.py
+    ApiServer,
+    NotReady,
+    etcd_command,
+    wait_ready,
+)
+from controlplane import start as start_process
 
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -488,12 +494,10 @@ def write_proxy_config(cluster: Cluster) -> None:
 
 
 def wait_until(what: str, ready: Callable[[], bool], cluster: Cluster, log: str) -> None:
-    deadline = time.monotonic() + BOOT_SECONDS
-    while not ready():
-        if time.monotonic() > deadline:
-            tail = cluster.path("logs", f"{log}.log").read_text(errors="replace")[-3000:]
-            raise SystemExit(f"{what} not ready in {BOOT_SECONDS} s; {log}.log ends:\n{tail}")
-        time.sleep(0.3)
+    try:
+        wait_ready(what, ready, cluster.path("logs", f"{log}.log"), BOOT_SECONDS)
+    except NotReady as error:
+        raise SystemExit(str(error)) from None
 
 
 def healthy(cluster: Cluster, url: str) -> bool:
@@ -596,16 +600,8 @@ def start_control_plane(cluster: Cluster) -> None:
 def start(
     cluster: Cluster, name: str, *command: str, node: Node = CONTROL_NODE
 ) -> subprocess.Popen[bytes]:
-    logs = cluster.path("logs")
-    logs.mkdir(exist_ok=True)
-    with (logs / f"{name}.log").open("ab") as log:
-        return subprocess.Popen(
-            cluster.inside(*command, node=node),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    log = cluster.path("logs", f"{name}.log")
+    return start_process(cluster.inside(*command, node=node), log, own_session=True)
 
 
 def start_node(cluster: Cluster, node: Node) -> None:

@@ -1,6 +1,9 @@
 """etcd and kube-apiserver as the project runs them: the suite's control plane on loopback
 (tests/controlplane.py, envtest's way) and the e2e cluster's (testenv/cluster.py) start the
-same two command lines, with what differs between them said in the arguments.
+same two command lines, with what differs between them said in the arguments, and start and
+wait for their processes the same way (`start`, `wait_ready`): the cluster wraps each command
+to run it in its network namespace, and probes from inside it. The suite stops its two with
+`stop`; the cluster stops every process of its namespace at once, these two among them.
 
 Standard library only: cluster.py runs it as a script's sibling, the suite imports it as
 `testenv.controlplane`.
@@ -8,9 +11,70 @@ Standard library only: cluster.py runs it as a script's sibling, the suite impor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import subprocess
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+POLL_SECONDS = 0.2
+LOG_TAIL_CHARS = 4000
+
+
+class NotReady(RuntimeError):
+    """A process did not become ready: it exited, or its time ran out. The message has the tail
+    of its log."""
+
+
+def start(
+    command: Sequence[str], log: Path, *, own_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """The process, its output appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as output:
+        return subprocess.Popen(
+            list(command),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_session,
+        )
+
+
+def wait_ready(
+    what: str,
+    ready: Callable[[], bool],
+    log: Path,
+    seconds: float,
+    process: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Until `ready()` holds; NotReady, with the log's tail, if `process` exits first or the
+    time runs out."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        if process is not None and process.poll() is not None:
+            raise NotReady(f"{what} exited; {log.name} ends:\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            raise NotReady(f"{what} not ready in {seconds:g} s; {log.name} ends:\n{_tail(log)}")
+        time.sleep(POLL_SECONDS)
+
+
+def stop(process: subprocess.Popen[bytes], grace_seconds: float = 20) -> None:
+    """SIGTERM, then SIGKILL after the grace; waited for either way."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    except OSError:
+        return "(no log)"
 
 
 def etcd_command(

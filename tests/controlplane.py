@@ -13,7 +13,7 @@ import base64
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ import requests
 import trustme
 import yaml
 
-from testenv.controlplane import ApiServer, etcd_command
+from testenv.controlplane import ApiServer, etcd_command, start, stop, wait_ready
 from tests.live import free_port
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -163,31 +163,16 @@ def object_path(document: dict[str, Any]) -> str:
     return f"{collection_path(document)}/{document['metadata']['name']}"
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, **kwargs: Any) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"{log.name} exited:\n{log.read_text()[-4000:]}")
+def answers(url: str, **kwargs: Any) -> Callable[[], bool]:
+    """A probe: a GET of `url` answered 200."""
+
+    def probe() -> bool:
         try:
-            if requests.get(url, timeout=2, **kwargs).status_code == 200:
-                return
+            return requests.get(url, timeout=2, **kwargs).status_code == 200
         except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{url} not healthy in {STARTUP_SECONDS} s:\n{log.read_text()[-4000:]}"
-            )
-        time.sleep(0.2)
+            return False
 
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    return probe
 
 
 @contextmanager
@@ -205,46 +190,40 @@ def control_plane(workdir: Path) -> Iterator[ControlPlane]:
     tokens.write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
 
     etcd_log = workdir / "etcd.log"
-    etcd_url = f"http://127.0.0.1:{etcd_port}"  # its health
-    with etcd_log.open("wb") as log:
-        etcd = subprocess.Popen(
-            etcd_command(binary("etcd"), workdir / "etcd", etcd_port, peer_port, fsync=False),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    etcd = start(
+        etcd_command(binary("etcd"), workdir / "etcd", etcd_port, peer_port, fsync=False), etcd_log
+    )
     apiserver: subprocess.Popen[bytes] | None = None
     try:
-        _wait_healthy(f"{etcd_url}/health", etcd, etcd_log)
+        etcd_health = answers(f"http://127.0.0.1:{etcd_port}/health")
+        wait_ready("etcd", etcd_health, etcd_log, STARTUP_SECONDS, etcd)
         api_log = workdir / "kube-apiserver.log"
-        with api_log.open("wb") as log:
-            apiserver = subprocess.Popen(
-                ApiServer(
-                    binary("kube-apiserver"),
-                    etcd_client_port=etcd_port,
-                    bind_address="127.0.0.1",
-                    advertise_address="127.0.0.1",
-                    secure_port=api_port,
-                    service_cidr="10.96.0.0/24",
-                    tls_cert=files["tls.crt"],
-                    tls_key=files["tls.key"],
-                    token_file=tokens,
-                    service_account_key=files["sa.key"],
-                    extra=(
-                        f"--cert-dir={workdir / 'certs'}",
-                        "--disable-admission-plugins=ServiceAccount",
-                    ),
-                ).command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        url = f"https://127.0.0.1:{api_port}"
-        _wait_healthy(
-            f"{url}/readyz",
-            apiserver,
+        apiserver = start(
+            ApiServer(
+                binary("kube-apiserver"),
+                etcd_client_port=etcd_port,
+                bind_address="127.0.0.1",
+                advertise_address="127.0.0.1",
+                secure_port=api_port,
+                service_cidr="10.96.0.0/24",
+                tls_cert=files["tls.crt"],
+                tls_key=files["tls.key"],
+                token_file=tokens,
+                service_account_key=files["sa.key"],
+                extra=(
+                    f"--cert-dir={workdir / 'certs'}",
+                    "--disable-admission-plugins=ServiceAccount",
+                ),
+            ).command(),
             api_log,
+        )
+        url = f"https://127.0.0.1:{api_port}"
+        api_ready = answers(
+            f"{url}/readyz",
             verify=str(files["ca.crt"]),
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
         )
+        wait_ready("kube-apiserver", api_ready, api_log, STARTUP_SECONDS, apiserver)
         kubeconfig = workdir / "kubeconfig"
         kubeconfig.write_text(
             yaml.safe_dump(
@@ -272,5 +251,5 @@ def control_plane(workdir: Path) -> Iterator[ControlPlane]:
         yield ControlPlane(url, files["ca.crt"], kubeconfig, workdir)
     finally:
         if apiserver is not None:
-            _stop(apiserver)
-        _stop(etcd)
+            stop(apiserver)
+        stop(etcd)
