@@ -27,6 +27,9 @@ from tests.profiles import examples
 
 FUZZ_VARIABLE = "GPUCLASS_FUZZ_HEADS"
 HEADS = int(os.environ.get(FUZZ_VARIABLE, "0")) or examples(300)
+# `make fuzz` runs for as long as its inputs take: no tier's time limit then.
+FUZZ_LIMIT = [pytest.mark.timeout(0)] if os.environ.get(FUZZ_VARIABLE) else []
+pytestmark = FUZZ_LIMIT
 
 methods = st.sampled_from(["POST", "GET", "PUT", "OPTIONS", "CONNECT", "post", "P\xc9ST", ""])
 targets = st.one_of(

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, example, given, settings
 
 from tests import EXAMPLES
 from tests.live import LiveServer, live_server
-from tests.serving.test_head_fuzz import HEADS, exchange, requests_
+from tests.serving.test_head_fuzz import FUZZ_LIMIT, HEADS, exchange, requests_
 
+pytestmark = FUZZ_LIMIT
 TOKEN = "fuzz-token"
 CUSTOMIZE = (EXAMPLES / "status-customize.json").read_bytes()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -241,3 +242,33 @@ def test_the_server_opens_no_control_socket(tmp_path: Path) -> None:
         assert requests.get(f"{server.health}/readyz", timeout=5).status_code == 200
     assert list(home.iterdir()) == []
     assert "Control socket" not in server.logs()
+
+
+def test_a_worker_killed_again_and_again_is_replaced_by_one_that_boots_every_time(
+    tmp_path: Path,
+) -> None:
+    """Workers started many times in a row: each replacement of a killed worker boots and
+    serves (a boot that waited on a lock held at the fork hung about one start in fifty)."""
+    with live_server({}, tmp_path) as server:
+        master = server.process.pid
+
+        def workers() -> list[int]:
+            return [
+                int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()
+            ]
+
+        for _ in range(8):
+            [worker] = workers()
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:
+                assert time.monotonic() < deadline, server.logs()[-3000:]
+                replaced = [pid for pid in workers() if pid != worker]
+                try:
+                    ready = requests.get(f"{server.health}/readyz", timeout=2).status_code
+                except requests.RequestException:
+                    ready = 0
+                if replaced and ready == 200:
+                    break
+                time.sleep(0.1)
+    assert server.logs().count("Booting worker") == 9
