@@ -272,3 +272,12 @@ default of Cozystack's ApplicationDefinitions (the tests hold it to them, and to
 {{- define "gpuclass-hooks.defaultInstanceType" -}}
 u1.medium
 {{- end }}
+
+{{/* The hook image: by digest when one is given, else by tag (the chart's appVersion by default). */}}
+{{- define "gpuclass-hooks.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}

@@ -1246,3 +1246,42 @@ def test_every_combination_that_renders_mounts_only_secrets_that_exist() -> None
             injected = "cert-manager.io/inject-ca-from" in config["metadata"].get("annotations", {})
             assert injected or all(w["clientConfig"].get("caBundle") for w in config["webhooks"])
     assert 0 < rendering < len(combinations)
+
+
+# --- the image ----------------------------------------------------------------------------------
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def images(documents: list[dict[str, Any]]) -> set[str]:
+    return {
+        container["image"]
+        for kind in ("Deployment", "Pod")
+        for document in by_kind(documents, kind)
+        for container in (
+            document["spec"].get("template", {}).get("spec", document["spec"])["containers"]
+        )
+    }
+
+
+def test_the_image_is_named_by_the_charts_app_version_by_tag_or_by_digest() -> None:
+    """By digest when one is given (what a moved tag cannot change), else by tag, the chart's
+    appVersion unless set; the deployment and the chart's test pod alike."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert images(render()) == {f"ghcr.io/cozystack/gpuclass-hooks:{app_version}"}
+    assert images(render("image.tag=dev")) == {"ghcr.io/cozystack/gpuclass-hooks:dev"}
+    pinned = render(f"image.digest={DIGEST}", "image.tag=dev")
+    assert images(pinned) == {f"ghcr.io/cozystack/gpuclass-hooks@{DIGEST}"}
+
+
+def test_a_digest_that_is_not_sha256_is_refused() -> None:
+    result = helm_run(
+        "template",
+        "gpu",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "image.digest=latest",
+    )
+    assert result.returncode != 0 and "schema" in result.stderr
