@@ -29,7 +29,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServe
     tokens.write_text(TOKEN + "\n")
     env = {
         "GPUCLASS_AUTH_TOKEN_FILE": str(tokens),
-        "GPUCLASS_HEADER_TIMEOUT_SECONDS": "0.5",
         "GPUCLASS_KUBE_API": "http://127.0.0.1:9",
         "GPUCLASS_KUBE_TIMEOUT_SECONDS": "0.2",
     }
