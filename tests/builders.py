@@ -361,6 +361,16 @@ def review_request(
     return decode_review(msgspec.json.encode(body))
 
 
+def tenant_request(
+    namespace: str, name: str, quotas: Any, old: Any = None, **review: Any
+) -> AdmissionRequest:
+    """A review of the Tenant release `name` in `namespace` declaring `quotas`, decoded as the
+    webhook's route decodes it: a create, or an update from `old` when given."""
+    if old is not None:
+        review.update(operation="UPDATE", old_spec={"resourceQuotas": old})
+    return review_request("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
+
+
 def admission_review(
     kind: str,
     namespace: str,

@@ -19,7 +19,7 @@ from hooks.rules.budget.verdicts import Verdict
 from hooks.rules.classes import ClassIdentity
 from hooks.wire.admission import AdmissionRequest, decode_review
 from hooks.wire.problems import BadRequest, Unreadable
-from tests.builders import GPU, OTHER_GPU, admission_review, gpus, review_request
+from tests.builders import GPU, OTHER_GPU, admission_review, gpus, review_request, tenant_request
 from tests.rules.budget import pool, vm
 
 CLASSES = [
@@ -53,15 +53,6 @@ def vm_review(namespace: str, name: str, *devices: str, old: tuple[str, ...] | N
     spec = {"gpus": gpus(*devices)}
     return review_request(
         "VMInstance", namespace, name, spec, operation=operation, old_spec=old_spec
-    )
-
-
-def tenant_review(name: str, quotas: dict[str, Any], old: dict[str, Any] | None = None) -> Any:
-    old_spec = None if old is None else {"resourceQuotas": old}
-    operation = "CREATE" if old is None else "UPDATE"
-    spec = {"resourceQuotas": quotas}
-    return review_request(
-        "Tenant", "tenant-root", name, spec, operation=operation, old_spec=old_spec
     )
 
 
@@ -109,7 +100,7 @@ class ClassesUnlistable(Inputs):
         (vm_review("tenant-a", "new", GPU), Unlistable([POOL_A]), "HelmReleases"),
         (vm_review("tenant-a", "new", GPU), ClassesUnlistable([POOL_A], [RENDER]), "GPUClasses"),
         (
-            tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),
+            tenant_request("tenant-root", "a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),
             Unlistable([POOL_A]),
             "HelmReleases",
         ),
@@ -169,7 +160,7 @@ def test_a_review_without_an_object_is_a_bad_request() -> None:
 
 def test_a_tenant_review_asks_about_its_pool_and_its_own_namespace() -> None:
     inputs = Inputs([POOL_A])
-    outcome = review_tenant(tenant_review("b", {TOTAL_KEY: "1"}), inputs)
+    outcome = review_tenant(tenant_request("tenant-root", "b", {TOTAL_KEY: "1"}), inputs)
     assert outcome.verdict.allowed is True
     assert inputs.asked == [("tenant-root", "tenant-b")]
     assert (outcome.kind, outcome.namespace, outcome.name, outcome.read_inputs) == (
@@ -182,9 +173,11 @@ def test_a_tenant_review_asks_about_its_pool_and_its_own_namespace() -> None:
 
 def test_a_tenant_refused_for_its_keys_is_refused_without_reading() -> None:
     inputs = Inputs([POOL_A])
-    typo = review_tenant(tenant_review("b", {"l40sgpuclass.cozystack.io/devices": "1"}), inputs)
+    typo = review_tenant(
+        tenant_request("tenant-root", "b", {"l40sgpuclass.cozystack.io/devices": "1"}), inputs
+    )
     assert typo.verdict.allowed is False and "not a GPU budget key" in typo.verdict.message
-    malformed = review_tenant(tenant_review("b", {TOTAL_KEY: "1500m"}), inputs)
+    malformed = review_tenant(tenant_request("tenant-root", "b", {TOTAL_KEY: "1500m"}), inputs)
     assert malformed.verdict.allowed is False
     assert malformed.verdict.message == (
         f"Tenant tenant-root/b: spec.resourceQuotas.{TOTAL_KEY}: extended resources are whole units"
@@ -198,9 +191,9 @@ def test_an_unchanged_declaration_in_an_overcommitted_pool_passes() -> None:
     declared = {TOTAL_KEY: "1", class_key("l40s"): "1"}
     inputs = Inputs([Tenant("tenant-root", "a", {TOTAL_KEY: 1, class_key("l40s"): 1})], [RENDER])
     lowered = {TOTAL_KEY: "1", class_key("l40s"): "0"}
-    outcome = review_tenant(tenant_review("a", lowered, old=declared), inputs)
+    outcome = review_tenant(tenant_request("tenant-root", "a", lowered, old=declared), inputs)
     assert outcome.verdict.allowed is False  # lowering below what is held is refused
-    kept = review_tenant(tenant_review("a", declared, old=declared), inputs)
+    kept = review_tenant(tenant_request("tenant-root", "a", declared, old=declared), inputs)
     assert kept.verdict.allowed is True, kept.verdict.message
 
 
@@ -221,7 +214,7 @@ def test_a_worker_pool_update_grows_by_its_replicas_not_by_its_entries() -> None
 
 
 def test_a_tenant_object_without_a_name_is_named_by_the_request() -> None:
-    review = tenant_review("b", {TOTAL_KEY: "1"})
+    review = tenant_request("tenant-root", "b", {TOTAL_KEY: "1"})
     nameless = msgspec.json.encode({"spec": {"resourceQuotas": {TOTAL_KEY: "1"}}})
     review = msgspec.structs.replace(review, object=msgspec.Raw(nameless))
     inputs = Inputs([POOL_A])
@@ -232,7 +225,7 @@ def test_a_tenant_object_without_a_name_is_named_by_the_request() -> None:
 def test_a_bounded_tenant_changing_only_other_quotas_reads_nothing() -> None:
     inputs = Inputs([POOL_A])
     outcome = review_tenant(
-        tenant_review("b", {"requests.cpu": "8"}, old={"requests.cpu": "4"}), inputs
+        tenant_request("tenant-root", "b", {"requests.cpu": "8"}, old={"requests.cpu": "4"}), inputs
     )
     assert (outcome.verdict.allowed, outcome.read_inputs, inputs.asked) == (True, False, [])
 
@@ -255,7 +248,9 @@ def test_an_unchanged_worker_pool_cannot_grow_even_in_a_pool_over_budget() -> No
     [
         vm_review("tenant-a", "render", GPU, GPU, GPU, old=(GPU, GPU)),  # the app check, pooled
         vm_review("tenant-b", "outside", GPU),  # the app check, outside every pool
-        tenant_review("a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}),  # the declaration gate
+        tenant_request(
+            "tenant-root", "a", {TOTAL_KEY: 4}, old={TOTAL_KEY: 3}
+        ),  # the declaration gate
         request(admission_review("VMInstance", "tenant-a", "broken", {"gpus": "one"})),
     ],
     ids=["app", "app-outside-pools", "declaration", "undecodable"],

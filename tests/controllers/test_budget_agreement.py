@@ -298,7 +298,7 @@ def test_a_class_whose_resource_changed_frees_no_device() -> None:
     assert not allowed
 
 
-def tenant_review(namespace: str, name: str, quotas: Any, old: Any = None) -> Any:
+def modelled_tenant_review(namespace: str, name: str, quotas: Any, old: Any = None) -> Any:
     spec = {"resourceQuotas": quotas}
     old_spec = None if old is None else {"resourceQuotas": old}
     return decode(request("Tenant", namespace, name, spec, old_spec))
@@ -309,11 +309,15 @@ def test_a_quota_no_reader_can_decode_is_refused_where_no_pool_lies_above() -> N
     pool unreadable and lock its growth; refused as "1500m" is, naming the key."""
     nothing = Cluster((tenant_release("tenant-root", "root"),))
     for value in ([4], {"a": 1}):
-        verdict = review_tenant(tenant_review("tenant-root", "x", {TOTAL_KEY: value}), nothing)
+        verdict = review_tenant(
+            modelled_tenant_review("tenant-root", "x", {TOTAL_KEY: value}), nothing
+        )
         assert not verdict.verdict.allowed
         assert f"spec.resourceQuotas.{TOTAL_KEY}: expected" in verdict.verdict.message
         assert not verdict.read_inputs
-    other = review_tenant(tenant_review("tenant-root", "x", {"requests.cpu": [1]}), nothing)
+    other = review_tenant(
+        modelled_tenant_review("tenant-root", "x", {"requests.cpu": [1]}), nothing
+    )
     assert not other.verdict.allowed and "spec.resourceQuotas.requests.cpu" in other.verdict.message
 
 

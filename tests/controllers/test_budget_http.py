@@ -160,25 +160,25 @@ def test_unbounded_tenant_and_unknown_entries(client: FlaskClient) -> None:
 
 
 def test_tenant_declaration_gate(client: FlaskClient) -> None:
-    def tenant_review(quotas: dict[str, str], **kwargs: Any) -> dict[str, Any]:
+    def tenant_body(quotas: dict[str, str], **kwargs: Any) -> dict[str, Any]:
         return admission_review(
             "Tenant", "tenant-a", "d", {"resourceQuotas": quotas, "host": ""}, **kwargs
         )
 
     stray = review(
-        client, "/admit/tenant-gpu-keys", tenant_review({"gpuclass.cozystack.io/gpus": "1"})
+        client, "/admit/tenant-gpu-keys", tenant_body({"gpuclass.cozystack.io/gpus": "1"})
     )
     assert not stray["allowed"] and "not a GPU budget key" in stray["status"]["message"]
-    missing = review(client, "/admit/tenant-gpu-keys", tenant_review({"requests.cpu": "2"}))
+    missing = review(client, "/admit/tenant-gpu-keys", tenant_body({"requests.cpu": "2"}))
     assert not missing["allowed"]
     assert f"declare {TOTAL_KEY}, {L40S_KEY} too" in missing["status"]["message"]
     # a: 4 total; b declares 1; render reserves 2: d may declare at most 1
     too_much = review(
-        client, "/admit/tenant-gpu-keys", tenant_review({TOTAL_KEY: "2", L40S_KEY: "0"})
+        client, "/admit/tenant-gpu-keys", tenant_body({TOTAL_KEY: "2", L40S_KEY: "0"})
     )
     assert not too_much["allowed"]
     assert "the pool of tenant a (tenant-a) can give 1" in too_much["status"]["message"]
-    assert review(client, "/admit/tenant-gpu-keys", tenant_review({TOTAL_KEY: "1", L40S_KEY: "0"}))[
+    assert review(client, "/admit/tenant-gpu-keys", tenant_body({TOTAL_KEY: "1", L40S_KEY: "0"}))[
         "allowed"
     ]
 

@@ -32,7 +32,15 @@ from hooks.rules.quantity import QuantityError, parse_units
 from hooks.settings import Settings
 from hooks.wire.admission import decode_review
 from hooks.wire.problems import Unreadable
-from tests.builders import GPU, admission_review, gpuclass, gpus, helmrelease, review_request
+from tests.builders import (
+    GPU,
+    admission_review,
+    gpuclass,
+    gpus,
+    helmrelease,
+    review_request,
+    tenant_request,
+)
 from tests.fake_apiserver import FakeApiServer, Route, list_of
 
 NAME_LABEL = "apps.cozystack.io/application.name"
@@ -71,10 +79,6 @@ def vm_review(namespace: str, name: str, *devices: str, spec: Any = None, **revi
 
 def worker_pool(namespace: str, name: str, spec: dict[str, Any]) -> Any:
     return review_request("KubernetesNodes", namespace, name, spec)
-
-
-def tenant_request(namespace: str, name: str, quotas: Any, **review: Any) -> Any:
-    return review_request("Tenant", namespace, name, {"resourceQuotas": quotas}, **review)
 
 
 def verdict_of(review: Any, inputs: BudgetInputs) -> Verdict:
