@@ -34,6 +34,15 @@ RUN --mount=type=bind,source=.wheelhouse,target=/wheelhouse \
 # The service: the base's interpreter and the venv; no pip, no build backend, no sources.
 FROM ${PYTHON_IMAGE}
 COPY --from=build /opt/hooks /opt/hooks
+# What it was built from (image/build.sh passes them): the project's version, the commit, and the
+# commit's time as the creation time, so that two builds of one commit carry the same labels.
+ARG VERSION REVISION SOURCE CREATED
+LABEL org.opencontainers.image.title="gpuclass-hooks" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.created="${CREATED}"
 ENV PATH=/opt/hooks/bin:/usr/local/bin:/usr/bin:/bin PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 HOME=/tmp
 USER 10001:10001

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: run test unit lint tools lock settings-table fuzz bench bench-load bench-admission mutate clean \
-	image image-base image-test bugs e2e bench-metacontroller bench-report
+	image image-base image-test bugs e2e bench-metacontroller bench-report release
 
 # Exact versions with hashes from the lock, then the project itself (its dependencies are all in
 # the lock; setuptools, pinned there too, builds it without a download).
@@ -39,8 +39,8 @@ tools:
 	bash testenv/build.sh
 
 lint: $(BIN)/gpuclass-hooks
-	$(BIN)/ruff check hooks tests bench fuzz mutation testenv
-	$(BIN)/ruff format --check hooks tests bench fuzz mutation testenv
+	$(BIN)/ruff check hooks tests bench fuzz mutation testenv release
+	$(BIN)/ruff format --check hooks tests bench fuzz mutation testenv release
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
@@ -136,6 +136,15 @@ image: $(BIN)/gpuclass-hooks
 image-test: image tools
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/pytest tests/image \
 		--image $(IMAGE) --image-base $(PYTHON_IMAGE)
+
+# A release from a clean tree (docs/development.md, "Releases"): sets VERSION, commits and tags it,
+# and writes the chart package, the image as an OCI archive and both SBOMs to dist/$(VERSION)/;
+# prints the image's digest. Nothing is pushed.
+VERSION ?=
+release: $(BIN)/gpuclass-hooks tools
+	@test -n "$(VERSION)" || { echo "make release VERSION=x.y.z" >&2; exit 2; }
+	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/python release/release.py \
+		--version $(VERSION) --base $(PYTHON_IMAGE)
 
 # The install as a cluster runs it: a two-node cluster (kubelets, containerd, CoreDNS; the second
 # node's GPUs advertised by a fake device plugin) booted in a network namespace of its own with no

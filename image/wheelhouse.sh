@@ -24,9 +24,13 @@ dest=.wheelhouse/$key
 mkdir -p "$dest"
 args=()
 for p in $platforms; do args+=(--platform "$p"); done
-for lock in requirements.lock requirements-build.lock; do
+fetch() {  # fetch LOCK [PIP_OPTION...]
   "$pip" download --quiet --disable-pip-version-check --require-hashes --no-deps \
     --only-binary=:all: --python-version "$version" --implementation cp \
-    "${args[@]}" --dest "$dest" -r "$lock" >&2
+    "${args[@]}" --dest "$dest" -r "$1" "${@:2}"
+}
+# A wheelhouse that already holds every locked wheel is used as it is, without the index.
+for lock in requirements.lock requirements-build.lock; do
+  fetch "$lock" --no-index --find-links "$dest" >/dev/null 2>&1 || fetch "$lock" >&2
 done
 echo "$dest"

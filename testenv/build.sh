@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the tools the tests run (helm, etcd, kube-apiserver) from the Go module proxy, once per
-# version; fetches prometheus-operator's CRDs from its Go module; installs Prometheus (the server
-# and promtool) from Debian's packages when they are missing.
+# Builds the tools the tests run (helm, etcd, kube-apiserver, syft) from the Go module proxy, once
+# per version; fetches prometheus-operator's CRDs from its Go module; installs Prometheus (the server
+# and promtool) and skopeo from Debian's packages when they are missing.
 # `build.sh cluster` builds, besides, what `make e2e`'s cluster runs (docs/cluster.md): the
 # kubelet, kube-controller-manager, kube-scheduler, kube-proxy and kubectl, a fake device plugin,
 # CoreDNS, cert-manager's controller and cainjector, Metacontroller (from its source archive), a
@@ -82,14 +82,26 @@ if [ ! -d "$crds" ]; then
 fi
 ln -sfn "prometheus-operator-crds-$operator_version" "$cache/prometheus-operator-crds"
 
+# syft writes the image's SBOM in `make release`, and the image tests check it (docs/development.md,
+# "Releases").
+syft_version=v1.57.2
+if [ ! -x "$cache/syft-$syft_version" ]; then
+  echo "building syft $syft_version (cached in $cache)" >&2
+  tmp=$(mktemp -d)
+  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath "github.com/anchore/syft/cmd/syft@$syft_version"
+  mv "$tmp/syft" "$cache/syft-$syft_version"
+  rmdir "$tmp"
+fi
+ln -sf "syft-$syft_version" "$cache/syft"
+
 # Prometheus evaluates the alert rules (promtool test rules) and runs the dashboard's queries
 # against a live scrape. Debian ships both binaries; nothing starts the server here.
-if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+# skopeo writes a release's image as an OCI archive (`make release`). Debian ships all three.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v skopeo >/dev/null; then
   sudo=$([ "$(id -u)" -eq 0 ] || echo sudo)
-  echo "installing prometheus (promtool and the server) from Debian's packages" >&2
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >&2 ||
-    { $sudo apt-get update >&2 && $sudo env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y --no-install-recommends prometheus >&2; }
+  echo "installing prometheus (promtool and the server) and skopeo from Debian's packages" >&2
+  apt_install="$sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends"
+  $apt_install prometheus skopeo >&2 || { $sudo apt-get -o DPkg::Lock::Timeout=600 update >&2 && $apt_install prometheus skopeo >&2; }
 fi
 
 if [ "${1:-}" = cluster ]; then
