@@ -8,7 +8,6 @@ They are collected only there (tests/conftest.py): `make test` has no cluster to
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from hooks.rules.budget.keys import TOTAL_KEY
+from release.release import oci_archive
 from tests import cozystack as cozystack_sources
 from tests.builders import helmrelease
 from tests.controlplane import manifests
@@ -25,6 +25,7 @@ from tests.e2e.steps import (
     COPY,
     COZYSTACK,
     doc_block,
+    image_digest,
     install_with_cert_manager,
     licensed_setup,
     remove_release,
@@ -129,21 +130,21 @@ def cert_manager(cluster: Cluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def image_on_node(cluster: Cluster, pytestconfig: pytest.Config) -> None:
-    """Step 2, "as a file": docker save, then ctr import on the node."""
+def image_on_node(
+    cluster: Cluster, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Step 2, "as a file": the image as `make release` writes it (an OCI archive), imported on
+    the node under its tag and under its digest, which the chart installs it by."""
     tag: str = pytestconfig.getoption("--e2e-image")
-    saved = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE)
-    socket = cluster.directory / "containerd" / "containerd.sock"
-    imported = subprocess.run(
-        ["ctr", f"--address={socket}", "--namespace", "k8s.io", "images", "import", "-"],
-        stdin=saved.stdout,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    archive = tmp_path_factory.mktemp("image") / "image.oci.tar"
+    digest = oci_archive(tag, archive)
+    repository = f"docker.io/library/{tag.rpartition(':')[0]}"
+    cluster.ctr(
+        "images", "import", f"--base-name={repository}", "--digests", str(archive), timeout=600
     )
-    assert saved.wait() == 0 and imported.returncode == 0, imported.stderr
     listed = cluster.ctr("images", "ls", "-q").stdout.split()
-    assert f"docker.io/library/{tag}" in listed
+    assert f"docker.io/library/{tag}" in listed and f"{repository}@{digest}" in listed
+    assert image_digest(cluster) == digest
 
 
 @pytest.fixture(scope="session")

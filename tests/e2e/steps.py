@@ -15,10 +15,8 @@ from tests.e2e.cluster import CHART, GPU, GPU_NODE_TAINT, NAMESPACE, RELEASE, Cl
 INSTALL = Path(__file__).parent.parent.parent / "docs" / "install.md"
 OPERATING = INSTALL.parent / "operating.md"
 COZYSTACK = INSTALL.parent / "cozystack.md"
-IMAGE_FLAGS = (
-    "--set image.repository=docker.io/library/gpuclass-hooks --set image.tag=dev "
-    "--set image.pullPolicy=Never --wait --timeout=180s"
-)
+IMAGE = "docker.io/library/gpuclass-hooks"
+IMAGE_TAG = "dev"  # --e2e-image's tag, under which image_on_node imports it
 LICENSE_RESYNC_SECONDS = 300  # the chart's controllers.licenseResyncPeriodSeconds
 
 
@@ -32,12 +30,24 @@ def doc_block(after: str, document: Path = INSTALL, language: str = "sh") -> str
     return match.group(1)
 
 
-def with_image(block: str) -> str:
-    """Each `helm install` and `helm upgrade` of the chart, with the image loaded into the node,
-    waiting until the release's pods are Ready."""
+def image_digest(cluster: Cluster) -> str:
+    """The digest of the hooks' image on the node (its manifest's, as `make release` prints it)."""
+    listed = cluster.ctr("images", "ls", f"name=={IMAGE}:{IMAGE_TAG}").stdout.splitlines()
+    assert len(listed) == 2, listed
+    return listed[1].split()[2]
+
+
+def with_image(block: str, digest: str) -> str:
+    """Each `helm install` and `helm upgrade` of the chart, with the image loaded into the node
+    pinned by its digest as docs/install.md recommends, waiting until the release's pods are
+    Ready."""
+    flags = (
+        f"--set image.repository={IMAGE} --set image.digest={digest} "
+        "--set image.pullPolicy=Never --wait --timeout=180s"
+    )
     return re.sub(
         r"(helm (?:install|upgrade) gpuclass-hooks \./metacontroller[^\n]*?)(\s*)$",
-        lambda m: f"{m.group(1)} {IMAGE_FLAGS}{m.group(2)}",
+        lambda m: f"{m.group(1)} {flags}{m.group(2)}",
         block.replace("\\\n", " "),
         flags=re.M,
     )
@@ -63,9 +73,10 @@ def run_block(cluster: Cluster, block: str, workdir: Path) -> str:
 def install_with_cert_manager(cluster: Cluster, workdir: Path) -> None:
     """Step 3's install with cert-manager, as written, from the image on the node."""
     block = doc_block("With cert-manager:").replace(
-        "--set image.repository=registry.example.com/gpuclass-hooks --set image.tag=0.1.0", ""
+        '--set image.repository=registry.example.com/gpuclass-hooks --set image.digest="$DIGEST"',
+        "",
     )
-    run_block(cluster, with_image(block), workdir)
+    run_block(cluster, with_image(block, image_digest(cluster)), workdir)
     cluster.rollout("deployment", NAMESPACE, RELEASE)
 
 

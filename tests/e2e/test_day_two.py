@@ -23,13 +23,14 @@ def test_a_rolling_upgrade_under_load_refuses_no_call_and_loses_no_copy(
     cluster: Cluster, serving: None, pytestconfig: pytest.Config
 ) -> None:
     """Step 7's upgrade to a new image while syncs and reviews arrive: the Deployment surges a
-    new pod, then drains the old ones."""
+    new pod, then drains the old ones. The install pinned the image by digest; the upgrade names
+    it by a tag of its own, so that its pods are told apart."""
     image = f"docker.io/library/{pytestconfig.getoption('--e2e-image')}"
     repository = image.rsplit(":", 1)[0]
     cluster.ctr("images", "tag", "--force", image, f"{repository}:{NEXT_TAG}")
     with scenario_load(cluster) as running:
         time.sleep(SETTLE_SECONDS)
-        upgrade(cluster, f"image.tag={NEXT_TAG}")
+        upgrade(cluster, "image.digest=", f"image.tag={NEXT_TAG}")
         wait_for(
             "only pods of the new image",
             lambda: all(

@@ -19,9 +19,11 @@ from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
 from tests.e2e.steps import (
     COPY,
     COPY_LABEL,
+    IMAGE,
     LICENSE_RESYNC_SECONDS,
     doc_block,
     helm_test,
+    image_digest,
     install_with_cert_manager,
     licensed_setup,
     run_block,
@@ -50,6 +52,10 @@ def test_install_with_cert_manager_then_helm_test_passes(
     tmp_path: Path,
 ) -> None:
     install_with_cert_manager(cluster, tmp_path)
+    # pinned by digest, as docs/install.md recommends: the image `make release` would print
+    pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")
+    images = {c["image"] for pod in pods["items"] for c in pod["spec"]["containers"]}
+    assert images == {f"{IMAGE}@{image_digest(cluster)}"}
     ready = cluster.get("certificate", "-n", NAMESPACE)
     assert ready is not None and all(
         any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"]["conditions"])
@@ -336,7 +342,7 @@ def test_uninstall_as_documented_removes_every_copy_and_leaves_the_certificates(
     stay."""
     block = doc_block("- **Uninstall:**")
     before_uninstall, uninstall = block.split("helm uninstall", 1)
-    output = run_block(cluster, with_image(before_uninstall), tmp_path)
+    output = run_block(cluster, with_image(before_uninstall, image_digest(cluster)), tmp_path)
     assert cluster.get("secrets", "-A", "-l", COPY_LABEL)["items"] == []
     # The loop annotates every ten seconds: gone by the annotations, not by the resync.
     annotations = output.count("gpuclass.cozystack.io/l40s annotated")
@@ -370,7 +376,7 @@ def test_install_with_an_existing_tls_secret_then_helm_test_passes(
 ) -> None:
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s")
     block = doc_block("Without it, make the TLS Secret first.")
-    run_block(cluster, with_image(block), tmp_path)
+    run_block(cluster, with_image(block, image_digest(cluster)), tmp_path)
     cluster.rollout("deployment", NAMESPACE, RELEASE)
     output = helm_test(cluster)
     assert "Phase:          Succeeded" in output, output
