@@ -151,9 +151,15 @@ release: $(BIN)/gpuclass-hooks tools
 # route out, Metacontroller and cert-manager in it, and docs/install.md followed step by step
 # (docs/cluster.md: what it needs and leaves).
 # Needs root and Debian's containerd, runc, containernetworking-plugins and iptables.
+# The upgrade scenario starts from the previous release (the newest `release x.y.z` commit in
+# HEAD's history), whose image is built here first, outside the cluster's namespace.
 E2E_DIR ?= $(or $(TMPDIR),/tmp)/gpuclass-hooks-e2e
+E2E_PREVIOUS ?= $(E2E_DIR)-previous
 e2e: image
 	bash testenv/build.sh cluster >/dev/null
+	PIP=$(abspath $(BIN))/pip $(BIN)/python -m release.previous --base $(PYTHON_IMAGE) \
+		--into $(E2E_PREVIOUS)
 	PATH=$(TESTENV):$(abspath $(BIN)):$$PATH $(BIN)/python testenv/cluster.py run \
 		--dir $(E2E_DIR) --tools $(TESTENV) -- \
-		$(abspath $(BIN))/pytest tests/e2e -p no:cacheprovider --e2e-image $(IMAGE)
+		$(abspath $(BIN))/pytest tests/e2e -p no:cacheprovider --e2e-image $(IMAGE) \
+		--e2e-previous $(E2E_PREVIOUS)

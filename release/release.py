@@ -5,8 +5,8 @@ docs/development.md, "Releases", says what it makes and refuses; in short:
 1. Refuses a tree with changes, a version that is not semantic, a version CHANGELOG.md has no entry
    for, and a tag of the version on another commit.
 2. Sets the version (hooks/__init__.py, the chart's `version` and `appVersion`) and dates the
-   changelog's entry, then commits that as `release <version>` when anything changed, and tags the
-   commit `v<version>`.
+   changelog's entry, then commits that as `release <version>` (the subject every release has),
+   and tags the commit `v<version>`.
 3. Packages the chart (`helm package`, without provenance) beside its sha256; builds the image
    (image/build.sh: its OCI labels say the version, the commit, the source and the commit's time)
    and writes it as an OCI archive (skopeo), whose manifest digest is the image's digest; writes a
@@ -61,6 +61,22 @@ def check(version: str) -> None:
         raise ReleaseError(f"v{version} already tags another commit")
 
 
+def release_subject(version: str) -> str:
+    """Every release is a commit of this subject (its tag may not travel with a clone)."""
+    return f"release {version}"
+
+
+def latest_release(ref: str = "HEAD") -> tuple[str, str] | None:
+    """The newest release in ref's history, as (version, commit); None before the first."""
+    listed = git("log", "--format=%H %s", "--extended-regexp", "--grep=^release [0-9]", ref)
+    for line in listed.splitlines():
+        commit, _, subject = line.partition(" ")
+        version = subject.removeprefix(release_subject(""))
+        if SEMVER.match(version):
+            return version, commit
+    return None
+
+
 def changelog_entry(version: str) -> re.Pattern[str]:
     return re.compile(rf"^## \[{re.escape(version)}\] - (Unreleased|\d{{4}}-\d\d-\d\d)$", re.M)
 
@@ -80,8 +96,8 @@ def set_version(version: str, today: datetime.date) -> None:
             f"## [{version}] - Unreleased", f"## [{version}] - {today.isoformat()}", 1
         )
     )
-    if git("status", "--porcelain"):
-        git("commit", "--quiet", "--all", "--message", f"release {version}")
+    if git("log", "-1", "--format=%s") != release_subject(version):
+        git("commit", "--quiet", "--allow-empty", "--all", "--message", release_subject(version))
     if not git("tag", "--list", f"v{version}"):
         git("tag", f"v{version}")
 

@@ -27,6 +27,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--e2e-image", default="gpuclass-hooks:dev", help="the image `make e2e` built (docker)"
     )
+    parser.addoption(
+        "--e2e-previous",
+        help="where `make e2e` built the previous release (python -m release.previous --into)",
+    )
 
 
 def measured_durations() -> dict[str, float]:

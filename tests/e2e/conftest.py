@@ -14,23 +14,18 @@ from typing import Any
 
 import pytest
 
-from hooks.rules.budget.keys import TOTAL_KEY
-from release.release import oci_archive
 from tests import cozystack as cozystack_sources
-from tests.builders import helmrelease
 from tests.controlplane import manifests
 from tests.e2e.cluster import GPU, Cluster, wait_for
-from tests.e2e.load import CHURN, ENTITLED, ENTITLED_LABEL, EXCEEDS, FITS
+from tests.e2e.load import tenancy
 from tests.e2e.steps import (
-    COPY,
     COZYSTACK,
     doc_block,
     image_digest,
+    import_image,
     install_with_cert_manager,
-    licensed_setup,
     remove_release,
     upgrade,
-    webhook_ca_injected,
 )
 from tests.fake_apiserver import kubevirt_cr
 
@@ -133,17 +128,10 @@ def cert_manager(cluster: Cluster) -> None:
 def image_on_node(
     cluster: Cluster, pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Step 2, "as a file": the image as `make release` writes it (an OCI archive), imported on
-    the node under its tag and under its digest, which the chart installs it by."""
+    """Step 2, "as a file": the image as `make release` writes it, imported on the node under its
+    tag and its digest, which the chart installs it by."""
     tag: str = pytestconfig.getoption("--e2e-image")
-    archive = tmp_path_factory.mktemp("image") / "image.oci.tar"
-    digest = oci_archive(tag, archive)
-    repository = f"docker.io/library/{tag.rpartition(':')[0]}"
-    cluster.ctr(
-        "images", "import", f"--base-name={repository}", "--digests", str(archive), timeout=600
-    )
-    listed = cluster.ctr("images", "ls", "-q").stdout.split()
-    assert f"docker.io/library/{tag}" in listed and f"{repository}@{digest}" in listed
+    digest = import_image(cluster, tag, tmp_path_factory.mktemp("image"))
     assert image_digest(cluster) == digest
 
 
@@ -175,26 +163,6 @@ def serving(
     remove_release(cluster)
     install_with_cert_manager(cluster, tmp_path_factory.mktemp("install"))
     upgrade(cluster, "admission.enabled=true")
-    licensed_setup(cluster)
-    namespaces = [*ENTITLED[1:], CHURN, "tenant-root", FITS, EXCEEDS]
-    cluster.apply(
-        *(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {
-                    "name": name,
-                    "labels": {ENTITLED_LABEL: "true"} if name in ENTITLED else {},
-                },
-            }
-            for name in namespaces
-        ),
-        helmrelease("Tenant", "tenant-root", "load", {"resourceQuotas": {TOTAL_KEY: "1000"}}),
-        helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}}),
-        helmrelease("VMInstance", EXCEEDS, "render", {"gpus": [{"name": GPU}]}),
-    )
-    for namespace in ENTITLED:
-        wait_for(f"the copy in {namespace}", lambda n=namespace: cluster.secret_data(n, COPY))
-    wait_for("the webhook's CA bundle", lambda: webhook_ca_injected(cluster))
+    tenancy(cluster)
     yield
     remove_release(cluster)

@@ -16,8 +16,10 @@ from typing import Any
 import requests
 import yaml
 
-from tests.e2e.cluster import NAMESPACE, RELEASE, Cluster
-from tests.e2e.steps import COPY, COPY_LABEL, vm
+from hooks.rules.budget.keys import TOTAL_KEY
+from tests.builders import helmrelease
+from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
+from tests.e2e.steps import COPY, COPY_LABEL, licensed_setup, vm, webhook_ca_injected
 
 ENTITLED_LABEL = "namespace.cozystack.io/vgpu"
 # The tenants every scenario runs with (the `serving` fixture makes them): namespaces entitled to
@@ -216,6 +218,32 @@ class Load:
                 self.outcomes.churn_copies_created += 1
         version: str = copy["metadata"]["resourceVersion"]
         return version
+
+
+def tenancy(cluster: Cluster) -> None:
+    """What every scenario runs with, on an installed release: the license source and the class,
+    copies in the entitled namespaces, one tenant with room for a VM and one without."""
+    licensed_setup(cluster)
+    namespaces = [*ENTITLED[1:], CHURN, "tenant-root", FITS, EXCEEDS]
+    cluster.apply(
+        *(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "labels": {ENTITLED_LABEL: "true"} if name in ENTITLED else {},
+                },
+            }
+            for name in namespaces
+        ),
+        helmrelease("Tenant", "tenant-root", "load", {"resourceQuotas": {TOTAL_KEY: "1000"}}),
+        helmrelease("Tenant", "tenant-root", "a", {"resourceQuotas": {TOTAL_KEY: "1"}}),
+        helmrelease("VMInstance", EXCEEDS, "render", {"gpus": [{"name": GPU}]}),
+    )
+    for namespace in ENTITLED:
+        wait_for(f"the copy in {namespace}", lambda n=namespace: cluster.secret_data(n, COPY))
+    wait_for("the webhook's CA bundle", lambda: webhook_ca_injected(cluster))
 
 
 def scenario_load(cluster: Cluster, *, admission: bool = True) -> Load:

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from release.release import oci_archive
 from tests.builders import SOURCE_NAME, SOURCE_NS, TOKEN_KEY
 from tests.e2e.cluster import CHART, GPU, GPU_NODE_TAINT, NAMESPACE, RELEASE, Cluster
 
@@ -28,6 +29,20 @@ def doc_block(after: str, document: Path = INSTALL, language: str = "sh") -> str
     match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
     assert match is not None, f"no {language} block after {after!r} in {document.name}"
     return match.group(1)
+
+
+def import_image(cluster: Cluster, tag: str, workdir: Path) -> str:
+    """The Docker image `tag` imported on the node as `make release` writes it (an OCI archive),
+    under its tag and under its digest, which this returns."""
+    archive = workdir / "image.oci.tar"
+    digest = oci_archive(tag, archive)
+    repository = f"docker.io/library/{tag.rpartition(':')[0]}"
+    cluster.ctr(
+        "images", "import", f"--base-name={repository}", "--digests", str(archive), timeout=600
+    )
+    listed = cluster.ctr("images", "ls", "-q").stdout.split()
+    assert f"docker.io/library/{tag}" in listed and f"{repository}@{digest}" in listed
+    return digest
 
 
 def image_digest(cluster: Cluster) -> str:

@@ -86,7 +86,8 @@ def test_a_release_refuses_a_version_without_a_changelog_entry(tmp_path: Path) -
     done = release(copy, "9.9.9")
     assert done.returncode == 2
     assert "CHANGELOG.md has no entry for 9.9.9" in done.stderr
-    assert subprocess.run(["git", "tag"], cwd=copy, capture_output=True, text=True).stdout == ""
+    tags = subprocess.run(["git", "tag"], cwd=copy, capture_output=True, text=True).stdout
+    assert "v9.9.9" not in tags.split()
 
 
 @pytest.mark.parametrize("version", ["1.2", "v1.2.3", "01.2.3", "1.2.3-rc1"])
@@ -98,7 +99,30 @@ def test_a_release_refuses_a_version_that_is_not_semantic(tmp_path: Path, versio
 
 def test_a_release_refuses_a_tag_of_its_version_on_another_commit(tmp_path: Path) -> None:
     copy = committed_copy(tmp_path)
-    subprocess.run(["git", "tag", f"v{hooks.__version__}", "HEAD~1"], cwd=copy, check=True)
+    subprocess.run(["git", "tag", "--force", f"v{hooks.__version__}", "HEAD~1"], cwd=copy, check=True)
     done = release(copy, hooks.__version__)
     assert done.returncode == 2
     assert f"v{hooks.__version__} already tags another commit" in done.stderr
+
+
+def test_the_previous_release_is_the_newest_release_commit_in_the_history(tmp_path: Path) -> None:
+    """`make e2e` upgrades from it; the commit's subject finds it where tags did not travel."""
+    copy = committed_copy(tmp_path)
+    for subject in ("release 0.3.0", "after the release", "release notes: a draft", "release v9"):
+        subprocess.run(
+            ["git", "commit", "--quiet", "--allow-empty", "-m", subject],
+            cwd=copy,
+            env={**os.environ, **IDENTITY},
+            check=True,
+        )
+    found = subprocess.run(
+        [sys.executable, "-c", "from release.release import latest_release as l; print(*l())"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    released = subprocess.run(
+        ["git", "rev-parse", "HEAD~3"], cwd=copy, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert found == ["0.3.0", released]
