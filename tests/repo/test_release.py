@@ -99,7 +99,9 @@ def test_a_release_refuses_a_version_that_is_not_semantic(tmp_path: Path, versio
 
 def test_a_release_refuses_a_tag_of_its_version_on_another_commit(tmp_path: Path) -> None:
     copy = committed_copy(tmp_path)
-    subprocess.run(["git", "tag", "--force", f"v{hooks.__version__}", "HEAD~1"], cwd=copy, check=True)
+    subprocess.run(
+        ["git", "tag", "--force", f"v{hooks.__version__}", "HEAD~1"], cwd=copy, check=True
+    )
     done = release(copy, hooks.__version__)
     assert done.returncode == 2
     assert f"v{hooks.__version__} already tags another commit" in done.stderr
