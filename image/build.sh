@@ -11,9 +11,8 @@ epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 [ -z "$(git status --porcelain 2>/dev/null)" ] || revision=$revision-dirty
 read -r version source < <(python3 -c '
-import re, tomllib
-print(re.search(r"^__version__ = \"(.+)\"$", open("hooks/__init__.py").read(), re.M).group(1),
-      tomllib.load(open("pyproject.toml", "rb"))["project"]["urls"]["Source"])')
+import tomllib, hooks
+print(hooks.__version__, tomllib.load(open("pyproject.toml", "rb"))["project"]["urls"]["Source"])')
 "$DOCKER" build --network none --build-arg PYTHON_IMAGE="$base" \
   --build-arg WHEELS="$(basename "$wheelhouse")" --build-arg SOURCE_DATE_EPOCH="$epoch" \
   --build-arg VERSION="$version" --build-arg REVISION="$revision" --build-arg SOURCE="$source" \

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -47,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
         cwd=tree,
         check=True,
         stdout=subprocess.DEVNULL,
-        env=os.environ,
     )
     described = {"version": version, "commit": commit, "image": image}
     (args.into / "release.json").write_text(

@@ -38,25 +38,31 @@ build() {  # build NAME MODULE_DIR PACKAGE MODULE_PATH [LDFLAGS...]
   ln -sf "$name-$version" "$cache/$name"
 }
 
-# helm is a plain module: `go install` builds it without a wrapper. Stamped as helm's own Makefile
-# does (its version, and the Kubernetes minor of the client-go it is built with, v0.37), so that
-# `helm template` renders a chart requiring a recent Kubernetes without `--kube-version`.
+# A plain module's command, built by `go install` without a wrapper, cached as NAME-BUILD.
+go_install() {  # go_install NAME BUILD PACKAGE@VERSION [GO_INSTALL_FLAG...]
+  local name=$1 build=$2 package=$3 tmp
+  if [ ! -x "$cache/$name-$build" ]; then
+    echo "building $name $build (cached in $cache)" >&2
+    tmp=$(mktemp -d)
+    GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install "${@:4}" "$package"
+    mv "$tmp/$name" "$cache/$name-$build"
+    rmdir "$tmp"
+  fi
+  ln -sf "$name-$build" "$cache/$name"
+}
+
+# helm, stamped as helm's own Makefile does (its version, and the Kubernetes minor of the
+# client-go it is built with, v0.37), so that `helm template` renders a chart requiring a recent
+# Kubernetes without `--kube-version`.
 helm_version=v3.22.0
 helm_kube_minor=37
-helm_build=helm-$helm_version-k8s1.$helm_kube_minor
-if [ ! -x "$cache/$helm_build" ]; then
-  echo "building helm $helm_version (cached in $cache)" >&2
-  tmp=$(mktemp -d)
-  stamps="-X helm.sh/helm/v3/internal/version.version=$helm_version"
-  for package in pkg/chartutil pkg/lint/rules; do
-    stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMajor=1"
-    stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMinor=$helm_kube_minor"
-  done
-  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -ldflags "$stamps" "helm.sh/helm/v3/cmd/helm@$helm_version"
-  mv "$tmp/helm" "$cache/$helm_build"
-  rmdir "$tmp"
-fi
-ln -sf "$helm_build" "$cache/helm"
+stamps="-X helm.sh/helm/v3/internal/version.version=$helm_version"
+for package in pkg/chartutil pkg/lint/rules; do
+  stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMajor=1"
+  stamps="$stamps -X helm.sh/helm/v3/$package.k8sVersionMinor=$helm_kube_minor"
+done
+go_install helm "$helm_version-k8s1.$helm_kube_minor" "helm.sh/helm/v3/cmd/helm@$helm_version" \
+  -ldflags "$stamps"
 
 build etcd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 # As Kubernetes' own build does: without the version stamped in, the server reports v0.0.0 and
@@ -85,14 +91,7 @@ ln -sfn "prometheus-operator-crds-$operator_version" "$cache/prometheus-operator
 # syft writes the image's SBOM in `make release`, and the image tests check it (docs/development.md,
 # "Releases").
 syft_version=v1.57.2
-if [ ! -x "$cache/syft-$syft_version" ]; then
-  echo "building syft $syft_version (cached in $cache)" >&2
-  tmp=$(mktemp -d)
-  GOBIN=$tmp GOFLAGS=-mod=mod CGO_ENABLED=0 go install -trimpath "github.com/anchore/syft/cmd/syft@$syft_version"
-  mv "$tmp/syft" "$cache/syft-$syft_version"
-  rmdir "$tmp"
-fi
-ln -sf "syft-$syft_version" "$cache/syft"
+go_install syft "$syft_version" "github.com/anchore/syft/cmd/syft@$syft_version" -trimpath
 
 # Prometheus evaluates the alert rules (promtool test rules) and runs the dashboard's queries
 # against a live scrape. Debian ships both binaries; nothing starts the server here.

@@ -266,6 +266,11 @@ def hook_pods(cluster: Cluster) -> list[Any]:
     return [pod for pod, owners in owned if any(o["kind"] == "ReplicaSet" for o in owners)]
 
 
+def images_running(cluster: Cluster) -> set[str]:
+    """The images the Deployment's pods run, as their specs name them."""
+    return {c["image"] for pod in hook_pods(cluster) for c in pod["spec"]["containers"]}
+
+
 def serving_pods(cluster: Cluster) -> list[Any]:
     """The Deployment's pods the Service routes to: Ready and not terminating."""
     return [

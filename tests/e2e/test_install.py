@@ -16,6 +16,7 @@ from hooks.rules.budget.keys import TOTAL_KEY
 from tests.builders import TOKEN_KEY, helmrelease
 from tests.chart import CHART
 from tests.e2e.cluster import GPU, NAMESPACE, RELEASE, Cluster, wait_for
+from tests.e2e.load import images_running
 from tests.e2e.steps import (
     COPY,
     COPY_LABEL,
@@ -53,9 +54,7 @@ def test_install_with_cert_manager_then_helm_test_passes(
 ) -> None:
     install_with_cert_manager(cluster, tmp_path)
     # pinned by digest, as docs/install.md recommends: the image `make release` would print
-    pods = cluster.get("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}")
-    images = {c["image"] for pod in pods["items"] for c in pod["spec"]["containers"]}
-    assert images == {f"{IMAGE}@{image_digest(cluster)}"}
+    assert images_running(cluster) == {f"{IMAGE}@{image_digest(cluster)}"}
     ready = cluster.get("certificate", "-n", NAMESPACE)
     assert ready is not None and all(
         any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"]["conditions"])

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import CHART, NAMESPACE, RELEASE, Cluster, wait_for
-from tests.e2e.load import SETTLE_SECONDS, cost_nothing, hook_pods, scenario_load, tenancy
+from tests.e2e.load import SETTLE_SECONDS, cost_nothing, images_running, scenario_load, tenancy
 from tests.e2e.steps import IMAGE, image_digest, import_image, remove_release
 
 CRD = "gpuclasses.cozystack.io"
@@ -40,10 +40,6 @@ def crd_versions(cluster: Cluster, chart: Path) -> list[dict[str, Any]]:
     ]
     versions: list[dict[str, Any]] = crd["spec"]["versions"]
     return versions
-
-
-def images_running(cluster: Cluster) -> set[str]:
-    return {pod["spec"]["containers"][0]["image"] for pod in hook_pods(cluster)}
 
 
 def test_an_upgrade_from_the_previous_release_under_load_refuses_no_call_and_changes_no_verdict(

@@ -19,9 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
+from packaging.utils import canonicalize_name
 
 from tests import ROOT
 from tests.live import docker
+from tests.repo.test_packaging import pins
 from tests.repo.test_release import IDENTITY, committed_copy
 
 VERSION = "0.2.0"
@@ -133,22 +135,15 @@ def test_the_printed_digest_is_the_oci_archives_manifest(released: Released) -> 
 
 
 def locked(*locks: str) -> dict[str, str]:
-    """Every package of these locks, by its normalised name, at its locked version."""
-    pins: dict[str, str] = {}
-    for lock in locks:
-        for name, version in re.findall(
-            r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / lock).read_text(), re.M
-        ):
-            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
-    return pins
+    """Every package of these locks, by its canonical name, at its locked version."""
+    return {name: version for lock in locks for name, version in pins(ROOT / lock).items()}
 
 
 def python_components(sbom: dict[str, Any]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for component in sbom["components"]:
         if component.get("purl", "").startswith("pkg:pypi/"):
-            name = re.sub(r"[-_.]+", "-", component["name"]).lower()
-            found.setdefault(name, set()).add(component["version"])
+            found.setdefault(canonicalize_name(component["name"]), set()).add(component["version"])
     return found
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests import ROOT
 
@@ -66,12 +67,13 @@ def test_chart_runs_the_image_as_the_dockerfile_user() -> None:
     assert pod["containers"][0]["args"][0] == "serve"
 
 
-def _pins(lock: Path) -> dict[str, str]:
-    """name -> version of every `name==version` line, each of which must carry a hash."""
+def pins(lock: Path) -> dict[str, str]:
+    """Canonical name -> version of every `name==version` line, each of which must carry a
+    hash."""
     text = lock.read_text()
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:", text, re.M))
-    assert len(pins) == len(re.findall(r"^[A-Za-z0-9_.-]+==", text, re.M)), "a pin without hash"
-    return {name.lower().replace("_", "-"): version for name, version in pins.items()}
+    pinned = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\\n\s+--hash=sha256:", text, re.M))
+    assert len(pinned) == len(re.findall(r"^[A-Za-z0-9_.-]+==", text, re.M)), "a pin without hash"
+    return {canonicalize_name(name): version for name, version in pinned.items()}
 
 
 def _declared(extra: str | None = None) -> list[Requirement]:
@@ -94,12 +96,12 @@ def _declared(extra: str | None = None) -> list[Requirement]:
 def test_locks_pin_every_declared_dependency_within_its_range(
     lock: str, extras: list[str | None]
 ) -> None:
-    pins = _pins(ROOT / lock)
+    pinned = pins(ROOT / lock)
     for extra in extras:
         for requirement in _declared(extra):
-            name = requirement.name.lower().replace("_", "-")
-            assert name in pins, f"{lock}: {name} is not pinned"
-            assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]}"
+            name = canonicalize_name(requirement.name)
+            assert name in pinned, f"{lock}: {name} is not pinned"
+            assert requirement.specifier.contains(pinned[name]), f"{lock}: {name}=={pinned[name]}"
 
 
 def test_the_image_and_the_suite_install_from_the_locks() -> None:
