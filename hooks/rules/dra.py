@@ -1,0 +1,210 @@
+"""Free units of a DRA class: the devices of its driver that match its attributes, in complete
+pools, one unit per physical GPU, less what allocated claims hold (docs/gpuclass.md, "DRA
+classes"; the steps are numbered as there).
+
+1. Pools: slices grouped by (driver, pool); only the highest generation is read, and a pool is
+   complete when it holds `resourceSliceCount` slices of it. An incomplete pool counts nothing.
+2. Candidates: devices of the class's driver whose attributes equal every one of the class's.
+3. Taken: every device an allocated claim names, unless with admin access.
+4. Units: devices of one pool sharing `resource.kubernetes.io/pciBusID` are one unit; a unit is
+   free only when none of its devices is taken. A device drawing on shared counters is free only
+   while what it draws still fits what its counter set has left after the taken devices.
+5. Device taints with effect NoSchedule or NoExecute exclude a device unless the class tolerates
+   them.
+6. A device's node is its slice's or its own; the node rules of device-plugin classes apply. A
+   device several nodes reach counts in `free` and on no node.
+7. `free` is the sum over units; `maxFreePerNode` the best node's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from hooks.rules.invalid import InvalidObject
+from hooks.rules.quantity import QuantityError, parse_quantity
+from hooks.rules.scheduling import EXCLUDING_EFFECTS, TolerationLike, ineligibility, tolerates
+from hooks.wire.dra import Device, DeviceAttribute, ResourceClaim, ResourceSlice
+from hooks.wire.kube import Node
+
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+AttributeValue = str | int | bool
+
+
+@dataclass(frozen=True)
+class DraNode:
+    """The class's units on one node (or, named "", on several)."""
+
+    name: str
+    not_eligible_because: str | None
+    units: int
+    taken: int
+    free: int
+
+    @property
+    def eligible(self) -> bool:
+        return self.not_eligible_because is None
+
+
+@dataclass(frozen=True)
+class DraCapacity:
+    publishing: bool  # some slice of the driver exists
+    incomplete_pools: tuple[str, ...]  # "driver/pool"
+    nodes: tuple[DraNode, ...]  # by name
+    shared: DraNode  # units several nodes reach
+    invalid: tuple[InvalidObject, ...]
+
+    @property
+    def free(self) -> int:
+        return sum(n.free for n in self.nodes if n.eligible) + self.shared.free
+
+    @property
+    def max_free_per_node(self) -> int:
+        return max((n.free for n in self.nodes if n.eligible), default=0)
+
+
+def qualified(driver: str, name: str) -> str:
+    """An attribute's full name: one without a domain is in the driver's, as in CEL."""
+    return name if "/" in name else f"{driver}/{name}"
+
+
+def attribute_equals(attribute: DeviceAttribute, wanted: AttributeValue) -> bool:
+    if isinstance(wanted, bool):
+        return attribute.boolean is wanted
+    if isinstance(wanted, int):
+        return attribute.integer == wanted and attribute.boolean is None
+    return wanted in (attribute.string, attribute.version)
+
+
+def is_candidate(device: Device, driver: str, wanted: Mapping[str, AttributeValue]) -> bool:
+    held = {qualified(driver, name): value for name, value in device.attributes.items()}
+    return all(
+        (attribute := held.get(qualified(driver, name))) is not None
+        and attribute_equals(attribute, value)
+        for name, value in wanted.items()
+    )
+
+
+def latest_pools(slices: Iterable[ResourceSlice], driver: str) -> tuple[
+    dict[str, list[ResourceSlice]], list[str]
+]:  # fmt: skip
+    """The driver's complete pools (their slices of the latest generation), and the others."""
+    by_pool: dict[str, list[ResourceSlice]] = defaultdict(list)
+    for resource_slice in slices:
+        if resource_slice.spec.driver == driver:
+            by_pool[resource_slice.spec.pool.name].append(resource_slice)
+    complete: dict[str, list[ResourceSlice]] = {}
+    incomplete: list[str] = []
+    for pool, pool_slices in sorted(by_pool.items()):
+        generation = max(s.spec.pool.generation for s in pool_slices)
+        latest = [s for s in pool_slices if s.spec.pool.generation == generation]
+        expected = {s.spec.pool.resource_slice_count for s in latest}
+        if len(expected) == 1 and len(latest) == expected.pop():
+            complete[pool] = latest
+        else:
+            incomplete.append(f"{driver}/{pool}")
+    return complete, incomplete
+
+
+def taken_devices(claims: Iterable[ResourceClaim], driver: str) -> set[tuple[str, str]]:
+    """(pool, device) of every device of the driver an allocated claim holds, not for admin."""
+    return {
+        (result.pool, result.device)
+        for claim in claims
+        if claim.status.allocation is not None
+        for result in claim.status.allocation.devices.results
+        if result.driver == driver and not result.admin_access
+    }
+
+
+def untolerated(device: Device, tolerations: tuple[TolerationLike, ...]) -> bool:
+    return any(
+        taint.effect in EXCLUDING_EFFECTS and not any(tolerates(t, taint) for t in tolerations)
+        for taint in device.taints
+    )
+
+
+@dataclass
+class _Unit:
+    node: str  # "" where several nodes reach it
+    taken: bool = False  # some device of it is allocated
+    candidate: bool = False  # some device of it is of the class
+    usable: bool = False  # some candidate of it is untainted and fits its counters
+
+
+def _draws(device: Device) -> dict[tuple[str, str], Fraction]:
+    """What the device draws, by (counter set, counter). Raises QuantityError."""
+    drawn: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+    for consumption in device.consumes_counters:
+        for counter, value in consumption.counters.items():
+            drawn[consumption.counter_set, counter] += parse_quantity(value.value)
+    return drawn
+
+
+def compute_dra_capacity(
+    slices: Iterable[ResourceSlice],
+    claims: Iterable[ResourceClaim],
+    nodes: Iterable[Node],
+    driver: str,
+    attributes: Mapping[str, AttributeValue],
+    tolerations: Iterable[TolerationLike],
+) -> DraCapacity:
+    tolerations = tuple(tolerations)
+    slices = tuple(slices)
+    invalid: list[InvalidObject] = []
+    pools, incomplete = latest_pools(slices, driver)
+    taken = taken_devices(claims, driver)
+    units: dict[tuple[str, str], _Unit] = {}
+    for pool, pool_slices in pools.items():
+        left: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        devices: list[tuple[ResourceSlice, Device, dict[tuple[str, str], Fraction]]] = []
+        for resource_slice in pool_slices:
+            try:
+                for counter_set in resource_slice.spec.shared_counters:
+                    for counter, value in counter_set.counters.items():
+                        left[counter_set.name, counter] += parse_quantity(value.value)
+                devices.extend((resource_slice, d, _draws(d)) for d in resource_slice.spec.devices)
+            except QuantityError as error:
+                invalid.append(
+                    InvalidObject(
+                        "ResourceSlice", resource_slice.metadata.name, f"counter: {error}"
+                    )
+                )
+        for _, device, drawn in devices:
+            if (pool, device.name) in taken:
+                for key, value in drawn.items():
+                    left[key] -= value
+        for resource_slice, device, drawn in devices:
+            bus = device.attributes.get(PCI_BUS_ID)
+            unit_key = (pool, bus.string) if bus is not None and bus.string else (pool, device.name)
+            unit = units.setdefault(unit_key, _Unit(resource_slice.node_of(device) or ""))
+            if (pool, device.name) in taken:
+                unit.taken = True
+            if is_candidate(device, driver, attributes):
+                unit.candidate = True
+                if not untolerated(device, tolerations) and (pool, device.name) not in taken:
+                    unit.usable = unit.usable or all(v <= left[k] for k, v in drawn.items())
+    candidate_units = [u for u in units.values() if u.candidate]
+    why_not = {node.metadata.name: ineligibility(node, tolerations) for node in nodes}
+    per_node: dict[str, list[_Unit]] = defaultdict(list)
+    for unit in candidate_units:
+        per_node[unit.node].append(unit)
+
+    def summed(name: str, reason: str | None) -> DraNode:
+        held = per_node.get(name, [])
+        free = sum(1 for u in held if u.usable and not u.taken)
+        taken_units = sum(1 for u in held if u.taken)
+        return DraNode(name, reason, len(held), taken_units, free)
+
+    return DraCapacity(
+        publishing=any(s.spec.driver == driver for s in slices),
+        incomplete_pools=tuple(incomplete),
+        nodes=tuple(
+            summed(name, why_not.get(name, "not a known node"))
+            for name in sorted(n for n in per_node if n)
+        ),
+        shared=summed("", None),
+        invalid=tuple(invalid),
+    )

@@ -1,0 +1,111 @@
+"""Dynamic Resource Allocation (`resource.k8s.io/v1`): the parts of ResourceSlices and
+ResourceClaims a DRA class's status reads, decoded straight from bytes like nodes and pods.
+
+A slice publishes a pool's devices (a driver's whole inventory is the pool's slices of its latest
+generation); a claim's status names the devices the scheduler allocated to it. Quantities stay
+strings, as in `hooks.wire.kube`: parsing them is a rule.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from hooks.wire.kube import NameOnlyMeta, Taint, _Wire, is_absent
+
+
+class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int", "boolean": "bool"}):
+    """One typed value: exactly one of these is set by the driver."""
+
+    integer: int | None = None
+    boolean: bool | None = None
+    string: str | None = None
+    version: str | None = None
+
+
+class CounterValue(_Wire, frozen=True):
+    value: str = "0"
+
+
+class CounterSet(_Wire, frozen=True):
+    """A slice's shared counters (`spec.sharedCounters[]`): what devices of the set draw on."""
+
+    name: str = ""
+    counters: dict[str, CounterValue] = {}
+
+
+class CounterConsumption(_Wire, frozen=True):
+    counter_set: str = ""
+    counters: dict[str, CounterValue] = {}
+
+
+class Device(_Wire, frozen=True):
+    name: str = ""
+    attributes: dict[str, DeviceAttribute] = {}
+    consumes_counters: list[CounterConsumption] = []
+    taints: list[Taint] = []
+    node_name: str | None = None
+    all_nodes: bool | None = None
+    # Kept raw: only whether it is set is read (such a device is reachable from several nodes).
+    node_selector: msgspec.Raw = msgspec.Raw()
+
+    @property
+    def several_nodes(self) -> bool:
+        return bool(self.all_nodes) or not is_absent(self.node_selector)
+
+
+class Pool(_Wire, frozen=True):
+    name: str = ""
+    generation: int = 0
+    resource_slice_count: int = 0
+
+
+class ResourceSliceSpec(_Wire, frozen=True):
+    driver: str = ""
+    pool: Pool = Pool()
+    node_name: str | None = None
+    all_nodes: bool | None = None
+    node_selector: msgspec.Raw = msgspec.Raw()
+    # Set when each device says its own node (`nodeName`, `allNodes` or `nodeSelector`).
+    per_device_node_selection: bool | None = None
+    shared_counters: list[CounterSet] = []
+    devices: list[Device] = []
+
+
+class ResourceSlice(_Wire, frozen=True):
+    metadata: NameOnlyMeta = NameOnlyMeta()
+    spec: ResourceSliceSpec = ResourceSliceSpec()
+
+    def node_of(self, device: Device) -> str | None:
+        """The one node the device is on, or None where several nodes reach it."""
+        spec = self.spec
+        if spec.per_device_node_selection:
+            return None if device.several_nodes else device.node_name or None
+        if spec.all_nodes or not is_absent(spec.node_selector):
+            return None
+        return spec.node_name or None
+
+
+class AllocationResult(_Wire, frozen=True):
+    driver: str = ""
+    pool: str = ""
+    device: str = ""
+    admin_access: bool | None = None
+
+
+class DeviceAllocation(_Wire, frozen=True):
+    results: list[AllocationResult] = []
+
+
+class Allocation(_Wire, frozen=True):
+    devices: DeviceAllocation = DeviceAllocation()
+
+
+class ResourceClaimStatus(_Wire, frozen=True):
+    allocation: Allocation | None = None
+
+
+class ResourceClaim(_Wire, frozen=True):
+    """Deleting claims count until they are gone: the driver holds their devices till then."""
+
+    metadata: NameOnlyMeta = NameOnlyMeta()
+    status: ResourceClaimStatus = ResourceClaimStatus()
