@@ -18,6 +18,7 @@ classes"; the steps are numbered as there).
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -71,11 +72,33 @@ def qualified(driver: str, name: str) -> str:
 
 
 def attribute_equals(attribute: DeviceAttribute, wanted: AttributeValue) -> bool:
+    """CEL's equality of the attribute's one value with the class's: across types, false."""
     if isinstance(wanted, bool):
         return attribute.boolean is wanted
     if isinstance(wanted, int):
-        return attribute.integer == wanted and attribute.boolean is None
-    return wanted in (attribute.string, attribute.version)
+        return attribute.integer == wanted
+    return attribute.string == wanted
+
+
+def cel_literal(value: AttributeValue) -> str:
+    """A CEL literal of the value. JSON's string escapes are a subset of CEL's, and JSON escapes
+    every quote, backslash and control character, so no value can end the literal early."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def device_class_selector(driver: str, attributes: Mapping[str, AttributeValue]) -> str:
+    """The one CEL selector of the class's DeviceClass: the same equalities `is_candidate` applies
+    (an attribute a device lacks is a mismatch, not an evaluation error)."""
+    clauses = [f"device.driver == {cel_literal(driver)}"]
+    for name in sorted(attributes):
+        domain, _, identifier = qualified(driver, name).rpartition("/")
+        attribute = f"device.attributes[{cel_literal(domain)}].{identifier}"
+        clauses.append(f"has({attribute}) && {attribute} == {cel_literal(attributes[name])}")
+    return " && ".join(clauses)
 
 
 def is_candidate(device: Device, driver: str, wanted: Mapping[str, AttributeValue]) -> bool:

@@ -4,12 +4,14 @@ claims."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hooks.rules.dra import PCI_BUS_ID, compute_dra_capacity
+from hooks.rules.dra import PCI_BUS_ID, compute_dra_capacity, device_class_selector
 from hooks.wire.dra import ResourceClaim, ResourceSlice
 from hooks.wire.gpuclass import Toleration
 from hooks.wire.kube import Node
@@ -307,3 +309,29 @@ def test_free_units_agree_with_an_independent_model(
     assert (result.free, result.max_free_per_node) == model_free(
         slices, claims, ready, kind, tolerated
     )
+
+
+def test_the_selector_is_the_drivers_and_every_attributes_equality() -> None:
+    selector = device_class_selector(DRIVER, {"type": "vfio", "index": 0, "x.io/ok": True})
+    assert selector == (
+        'device.driver == "gpu.nvidia.com"'
+        ' && has(device.attributes["gpu.nvidia.com"].index)'
+        ' && device.attributes["gpu.nvidia.com"].index == 0'
+        ' && has(device.attributes["gpu.nvidia.com"].type)'
+        ' && device.attributes["gpu.nvidia.com"].type == "vfio"'
+        ' && has(device.attributes["x.io"].ok) && device.attributes["x.io"].ok == true'
+    )
+
+
+@pytest.mark.parametrize(
+    "hostile", ['" || true || "', "\\", '\\"', "a\nb", "\u2028", "'", "`", "\x00"]
+)
+def test_a_string_value_cannot_end_its_literal(hostile: str) -> None:
+    selector = device_class_selector(DRIVER, {"model": hostile})
+    literal = selector.rsplit(" == ", 1)[1]
+    assert literal.startswith('"') and literal.endswith('"')
+    body = literal[1:-1]
+    # every quote inside is escaped, and every backslash begins an escape
+    unescaped = body.replace("\\\\", "").replace('\\"', "")
+    assert '"' not in unescaped and "\n" not in body and "\x00" not in body
+    assert json.loads(literal) == hostile
