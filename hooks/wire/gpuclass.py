@@ -71,6 +71,42 @@ class License(_Spec):
     feature_type: Literal[1, 2, 4] = Field(default=1, alias="featureType")
 
 
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+MAX_DRA_ATTRIBUTES = 8
+MAX_DRA_STRING = 64  # a DRA string attribute's own bound
+
+
+class DraSpec(_Spec):
+    """A DRA class's devices: its driver's, with these attributes (docs/gpuclass.md)."""
+
+    driver: Annotated[str, Field(min_length=1, max_length=63)]
+    attributes: dict[str, bool | int | str]
+
+    @field_validator("driver")
+    @classmethod
+    def _driver_is_dns_subdomain(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError("must be a DNS subdomain")
+        return value
+
+    @field_validator("attributes")
+    @classmethod
+    def _attributes_are_driver_attributes(
+        cls, value: dict[str, bool | int | str]
+    ) -> dict[str, bool | int | str]:
+        if not 1 <= len(value) <= MAX_DRA_ATTRIBUTES:
+            raise ValueError(f"must hold 1 to {MAX_DRA_ATTRIBUTES} attributes")
+        for name, wanted in value.items():
+            domain, slash, identifier = name.rpartition("/")
+            if slash and (len(domain) > 63 or not is_dns_subdomain(domain)):
+                raise ValueError("an attribute's domain must be a DNS subdomain")
+            if not _C_IDENTIFIER.match(identifier):
+                raise ValueError("an attribute's name must be a C identifier of at most 32")
+            if isinstance(wanted, str) and len(wanted) > MAX_DRA_STRING:
+                raise ValueError(f"a string value holds at most {MAX_DRA_STRING} characters")
+        return value
+
+
 class ClassSpec(_Spec):
     resource_name: str = Field(alias="resourceName")
     display_name: str | None = Field(default=None, alias="displayName")
