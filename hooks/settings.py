@@ -53,6 +53,12 @@ class Settings(BaseSettings):
         "(computed status cleared) and `/status/customize` asks for no Nodes or Pods.",
         chart="gpu.enabled",
     )
+    dra_api: bool = setting(
+        True,
+        "the API server serves `resource.k8s.io/v1`: DRA classes relate ResourceSlices, "
+        "ResourceClaims and their DeviceClass only then (off, they say `DRANotEnabled`)",
+        chart="dra.api",
+    )
     kubevirt_namespace: str = setting(
         "cozy-kubevirt",
         "namespace of the KubeVirt CR",

@@ -17,6 +17,7 @@ import yaml
 from hooks.cli import offline
 from hooks.rules.budget.scope import Read, ReleasesIn, TenantsNamed, UnnamedTenants, read_scope
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
+from hooks.rules.dra import PCI_BUS_ID
 from hooks.wire.admission import AdmissionRequest, decode_review
 from tests import cozystack
 
@@ -225,6 +226,106 @@ def keyed(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return result
 
 
+# --- Dynamic Resource Allocation ----------------------------------------------------------------
+
+DRIVER = "gpu.nvidia.com"
+
+
+def device(
+    name: str,
+    kind: str = "vfio",
+    bus: str | None = None,
+    taints: list[dict[str, str]] | None = None,
+    draws: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"type": {"string": kind}, "index": {"int": 0}}
+    if bus is not None:
+        attributes[PCI_BUS_ID] = {"string": bus}
+    made: dict[str, Any] = {"name": name, "attributes": attributes}
+    if taints:
+        made["taints"] = taints
+    if draws:
+        made["consumesCounters"] = [
+            {"counterSet": "card", "counters": {k: {"value": v} for k, v in draws.items()}}
+        ]
+    return made
+
+
+def resource_slice(
+    pool: str,
+    devices: list[dict[str, Any]],
+    *,
+    node_name: str | None = None,
+    generation: int = 1,
+    count: int = 1,
+    counters: dict[str, str] | None = None,
+    driver: str = DRIVER,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """A slice as a driver publishes it: on one node, or (no node) on every node."""
+    spec: dict[str, Any] = {
+        "driver": driver,
+        "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+        "devices": devices,
+    }
+    if node_name is None:
+        spec["allNodes"] = True
+    else:
+        spec["nodeName"] = node_name
+    if counters:
+        spec["sharedCounters"] = [
+            {"name": "card", "counters": {k: {"value": v} for k, v in counters.items()}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name or f"{pool}-{generation}"},
+        "spec": spec,
+    }
+
+
+def claim(
+    *held: tuple[str, str], admin: bool = False, name: str = "c", namespace: str = "tenant-a"
+) -> dict[str, Any]:
+    """A claim as the scheduler leaves it: the (pool, device) it was allocated."""
+    results = [
+        {"driver": DRIVER, "pool": pool, "device": device, "request": "gpu", "adminAccess": admin}
+        for pool, device in held
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+def dra_class(name: str, attributes: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """A DRA class of the driver's vfio devices (or these attributes)."""
+    dra = {"driver": DRIVER, "attributes": attributes or {"type": "vfio"}}
+    return gpuclass(name, resource=None, spec={"dra": dra, **kwargs.pop("spec", {})}, **kwargs)
+
+
+def dra_sync_request(
+    parent: dict[str, Any],
+    *,
+    nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    slices: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    claims: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    device_classes: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    classes: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A DRA class's sync request, with the groups its customize asks for."""
+    request = status_sync_request(parent, nodes=nodes, classes=classes)
+    del request["related"]["Pod.v1"]
+    request["related"] |= {
+        "ResourceSlice.resource.k8s.io/v1": keyed(list(slices)),
+        "ResourceClaim.resource.k8s.io/v1": keyed(list(claims)),
+        "DeviceClass.resource.k8s.io/v1": keyed(list(device_classes)),
+    }
+    return request
+
+
 def status_sync_request(
     parent: dict[str, Any],
     *,
@@ -421,15 +522,28 @@ def tenant(
 from tests import EXAMPLES  # noqa: E402 (re-exported for the test modules)
 
 
-def conditions_in_order(*, licensed: bool) -> list[str]:
+def conditions_in_order(*, licensed: bool = False, dra: bool = False) -> list[str]:
     """The condition types a class's status holds, in the registry's order: a test that sees a
     whole status compares with this, so that a new condition breaks only its own test. A class
-    that names no license has no license conditions."""
+    that names no license has no license conditions; a DRA class has its own in place of a
+    device-plugin class's."""
+    from hooks.rules import conditions as c
     from hooks.rules.class_status import ORDER
-    from hooks.rules.conditions import LICENSE_COPY_CONFLICT, LICENSE_SECRET_MISSING
 
-    of_the_license = {LICENSE_SECRET_MISSING, LICENSE_COPY_CONFLICT}
-    return [kind for kind in ORDER if licensed or kind not in of_the_license]
+    of_the_license = {c.LICENSE_SECRET_MISSING, c.LICENSE_COPY_CONFLICT}
+    of_dra = {
+        c.DEVICE_CLASS_CONFLICT,
+        c.DRA_NOT_ENABLED,
+        c.DRIVER_NOT_PUBLISHING,
+        c.POOLS_INCOMPLETE,
+    }
+    of_devices_plugins = {
+        c.RESOURCE_NAME_CONFLICT,
+        c.RESOURCE_NAME_NOT_PERMITTED,
+        c.RESOURCE_NOT_ADVERTISED,
+    }
+    left_out = (set() if licensed else of_the_license) | (of_devices_plugins if dra else of_dra)
+    return [kind for kind in ORDER if kind not in left_out]
 
 
 def labels_answered(client: FlaskClient, route: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.subtrees import namespace_chain
 from hooks.rules.budget.tenancy import ROOT_NAMESPACE, Tenant
 from hooks.rules.budget.usage import PoolUse
-from hooks.rules.capacity import Capacity
 from hooks.rules.class_status import CONDITIONS
 from hooks.rules.conditions import READY
+from hooks.rules.dra import DraCapacity
 from hooks.rules.license import GRIDD_KEY, LicensePlan, is_managed_copy
 from hooks.rules.permitted_devices import KubeVirtFound, KubeVirtUnreadable, KubeVirtView
 from hooks.rules.selectors import check_rule, rule_selects, selector_matches
@@ -346,9 +346,22 @@ def license_summary(plan: OfflineClass) -> dict[str, Any] | None:
 
 
 def explain(plan: OfflineClass) -> list[dict[str, Any]]:
-    capacity: Capacity | None = plan.status.computation.capacity
+    capacity = plan.status.computation.capacity
     if capacity is None:
         return []
+    if isinstance(capacity, DraCapacity):
+        return [
+            {
+                "node": node.name or None,  # None: units that several nodes reach
+                "counts": node.eligible,
+                "whyNot": node.not_eligible_because,
+                "units": node.units,
+                "taken": node.taken,
+                "free": node.free if node.eligible else None,
+            }
+            for node in (*capacity.nodes, capacity.shared)
+            if node.units
+        ]
     return [
         {
             "node": node.name,
@@ -605,6 +618,8 @@ def render_budgets(budgets: list[dict[str, Any]]) -> str:
 
 
 def render_explain(entry: dict[str, Any]) -> str:
+    if any("units" in node for node in entry["nodes"]):
+        return render_dra_explain(entry)
     rows = [["NODE", "COUNTS", "WHY NOT", "ALLOCATABLE", "USED", "FREE", "PODS"]]
     for node in entry["nodes"]:
         pods = ", ".join(f"{p['pod']} ({p['units']})" for p in node["pods"]) or "-"
@@ -623,3 +638,19 @@ def render_explain(entry: dict[str, Any]) -> str:
     if len(rows) == 1:
         return f"{header} none"
     return f"{header}\n{table(rows)}"
+
+
+def render_dra_explain(entry: dict[str, Any]) -> str:
+    rows = [["NODE", "COUNTS", "WHY NOT", "UNITS", "TAKEN", "FREE"]]
+    for node in entry["nodes"]:
+        rows.append(
+            [
+                node["node"] or "(several nodes)",
+                "yes" if node["counts"] else "no",
+                node["whyNot"] or "-",
+                str(node["units"]),
+                str(node["taken"]),
+                "-" if node["free"] is None else str(node["free"]),
+            ]
+        )
+    return f"\nNodes with devices of {entry['resource']} for {entry['name']}:\n{table(rows)}"

@@ -12,6 +12,10 @@ RESOURCE_NAME_NOT_PERMITTED = "ResourceNameNotPermitted"
 RESOURCE_NOT_ADVERTISED = "ResourceNotAdvertised"
 LICENSE_SECRET_MISSING = "LicenseSecretMissing"
 LICENSE_COPY_CONFLICT = "LicenseCopyConflict"
+DEVICE_CLASS_CONFLICT = "DeviceClassConflict"
+DRA_NOT_ENABLED = "DRANotEnabled"
+DRIVER_NOT_PUBLISHING = "DriverNotPublishing"
+POOLS_INCOMPLETE = "PoolsIncomplete"
 READY = "Ready"
 
 
@@ -89,3 +93,54 @@ def license_conflict_condition(plan: LicensePlan, copy: str) -> DecidedCondition
 
 def invalid_spec_condition(message: str) -> DecidedCondition:
     return DecidedCondition(READY, "False", "InvalidSpec", message)
+
+
+def device_class_conflict_condition(
+    device_class: str, older_class: str | None, foreign: bool
+) -> DecidedCondition:
+    """DeviceClassConflict: an older class selects the same devices, or a DeviceClass of the
+    class's name exists that the class did not create (it is never written over)."""
+    if older_class is not None:
+        return DecidedCondition(
+            DEVICE_CLASS_CONFLICT,
+            "True",
+            "OlderClassHasDevices",
+            f"class {older_class} is older and has the same driver and attributes",
+        )
+    if foreign:
+        return DecidedCondition(
+            DEVICE_CLASS_CONFLICT,
+            "True",
+            "ForeignDeviceClass",
+            f"a DeviceClass {device_class} exists that this class did not create; it is never "
+            f"written over: delete it to let the class create its own",
+        )
+    return DecidedCondition(
+        DEVICE_CLASS_CONFLICT, "False", "NoConflict", f"the class owns DeviceClass {device_class}"
+    )
+
+
+def driver_publishing_condition(driver: str, publishing: bool) -> DecidedCondition:
+    if publishing:
+        return DecidedCondition(
+            DRIVER_NOT_PUBLISHING, "False", "Publishing", f"{driver} publishes ResourceSlices"
+        )
+    return DecidedCondition(
+        DRIVER_NOT_PUBLISHING, "True", "NoResourceSlices", f"no ResourceSlice of driver {driver}"
+    )
+
+
+def pools_complete_condition(driver: str, incomplete: tuple[str, ...]) -> DecidedCondition:
+    """PoolsIncomplete: pools whose latest generation lacks slices count nothing, rather than
+    a guess (the driver is still writing them, or one was lost)."""
+    if incomplete:
+        return DecidedCondition(
+            POOLS_INCOMPLETE,
+            "True",
+            "SlicesMissing",
+            f"{len(incomplete)} pools hold fewer slices of their latest generation than their "
+            f"resourceSliceCount and count nothing: {_first_five(incomplete)}",
+        )
+    return DecidedCondition(
+        POOLS_INCOMPLETE, "False", "Complete", f"every pool of {driver} is complete"
+    )

@@ -65,6 +65,12 @@ class DraCapacity:
     def max_free_per_node(self) -> int:
         return max((n.free for n in self.nodes if n.eligible), default=0)
 
+    def totals(self, *, eligible: bool) -> tuple[int, int]:
+        """(units, taken units) summed over eligible nodes and the units several nodes reach, or
+        over the other nodes."""
+        chosen = [n for n in (*self.nodes, self.shared) if n.eligible is eligible]
+        return sum(n.units for n in chosen), sum(n.taken for n in chosen)
+
 
 def qualified(driver: str, name: str) -> str:
     """An attribute's full name: one without a domain is in the driver's, as in CEL."""
@@ -197,8 +203,8 @@ def compute_dra_capacity(
                 )
         for _, device, drawn in devices:
             if (pool, device.name) in taken:
-                for key, value in drawn.items():
-                    left[key] -= value
+                for key, amount in drawn.items():
+                    left[key] -= amount
         for resource_slice, device, drawn in devices:
             bus = device.attributes.get(PCI_BUS_ID)
             unit_key = (pool, bus.string) if bus is not None and bus.string else (pool, device.name)

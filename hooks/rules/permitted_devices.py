@@ -1,10 +1,16 @@
-"""Whether KubeVirt lets VMs use the class's resource (its permittedHostDevices)."""
+"""Whether KubeVirt lets VMs use the class's devices: a device-plugin class's resource through its
+permittedHostDevices, a DRA class's through its GPUsWithDRA feature gate."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from hooks.rules.conditions import RESOURCE_NAME_NOT_PERMITTED, DecidedCondition
+from hooks.rules.conditions import (
+    DRA_NOT_ENABLED,
+    RESOURCE_NAME_NOT_PERMITTED,
+    DecidedCondition,
+)
 from hooks.wire.kube import Condition, KubeVirt
 
 
@@ -70,6 +76,66 @@ def permission_condition(
         return previous
     return DecidedCondition(
         RESOURCE_NAME_NOT_PERMITTED,
+        "Unknown",
+        "KubeVirtUnreadable",
+        f"KubeVirt could not be read: {view.detail}",
+    )
+
+
+GPUS_WITH_DRA = "GPUsWithDRA"
+# The first KubeVirt in which GPUsWithDRA is beta, so on unless disabled; alpha before it.
+GPUS_WITH_DRA_ON_BY_DEFAULT = (1, 9)
+_MINOR_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.|$|-)")
+
+
+def gpus_with_dra(kubevirt: KubeVirt) -> tuple[bool, str]:
+    """Whether KubeVirt hands DRA devices to VMs, and why."""
+    developer = kubevirt.spec.configuration.developer_configuration
+    if GPUS_WITH_DRA in developer.disabled_feature_gates:
+        return False, f"{GPUS_WITH_DRA} is in its disabledFeatureGates"
+    if GPUS_WITH_DRA in developer.feature_gates:
+        return True, f"{GPUS_WITH_DRA} is in its featureGates"
+    version = kubevirt.status.observed_kube_virt_version
+    match = _MINOR_VERSION.match(version)
+    if match is None:
+        return False, (
+            f"{GPUS_WITH_DRA} is not in its featureGates and its version is unknown "
+            "(on by default only from KubeVirt 1.9)"
+        )
+    if (int(match[1]), int(match[2])) >= GPUS_WITH_DRA_ON_BY_DEFAULT:
+        return True, f"{GPUS_WITH_DRA} is on by default in KubeVirt {version}"
+    return False, f"{GPUS_WITH_DRA} is not in its featureGates (alpha in KubeVirt {version})"
+
+
+def dra_enabled_condition(
+    api_served: bool, view: KubeVirtView, previous: Condition | None, generation: int
+) -> DecidedCondition | Condition:
+    """DRANotEnabled: the API server must serve resource.k8s.io/v1 and KubeVirt must have
+    GPUsWithDRA on. An unreadable KubeVirt keeps the previous condition as for permissions."""
+    if not api_served:
+        return DecidedCondition(
+            DRA_NOT_ENABLED,
+            "True",
+            "APINotServed",
+            "the API server did not serve resource.k8s.io/v1 when the hooks were installed "
+            "(draApi in the chart)",
+        )
+    if isinstance(view, KubeVirtFound):
+        enabled, why = gpus_with_dra(view.kubevirt)
+        return DecidedCondition(
+            DRA_NOT_ENABLED,
+            "False" if enabled else "True",
+            "Enabled" if enabled else "GPUsWithDRAOff",
+            f"KubeVirt {view.location}: {why}",
+        )
+    if isinstance(view, KubeVirtAbsent):
+        return DecidedCondition(
+            DRA_NOT_ENABLED, "True", "KubeVirtNotFound", f"KubeVirt {view.location} does not exist"
+        )
+    if previous is not None and previous.observed_generation == generation:
+        return previous
+    return DecidedCondition(
+        DRA_NOT_ENABLED,
         "Unknown",
         "KubeVirtUnreadable",
         f"KubeVirt could not be read: {view.detail}",

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import msgspec
 
-from hooks.wire.kube import NameOnlyMeta, Taint, _Wire, is_absent
+from hooks.wire.kube import NameOnlyMeta, ObjectMeta, Taint, _Wire, is_absent
+
+DRA_API_VERSION = "resource.k8s.io/v1"
 
 
 class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int", "boolean": "bool"}):
@@ -109,3 +111,35 @@ class ResourceClaim(_Wire, frozen=True):
 
     metadata: NameOnlyMeta = NameOnlyMeta()
     status: ResourceClaimStatus = ResourceClaimStatus()
+
+
+class DeviceClass(_Wire, frozen=True):
+    """Only whose it is: a DRA class writes its own DeviceClass, and never over another's."""
+
+    metadata: ObjectMeta = ObjectMeta()
+
+
+class CelSelector(msgspec.Struct, frozen=True):
+    expression: str
+
+
+class DeviceSelector(msgspec.Struct, frozen=True):
+    cel: CelSelector
+
+
+class DeviceClassSpec(msgspec.Struct, frozen=True):
+    selectors: list[DeviceSelector]
+
+
+class ChildMeta(msgspec.Struct, frozen=True):
+    name: str
+    labels: dict[str, str]
+
+
+class DeviceClassChild(msgspec.Struct, frozen=True, rename="camel"):
+    """The DeviceClass a DRA class renders as its child, exactly as Metacontroller applies it."""
+
+    metadata: ChildMeta
+    spec: DeviceClassSpec
+    api_version: str = DRA_API_VERSION
+    kind: str = "DeviceClass"

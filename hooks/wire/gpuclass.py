@@ -107,8 +107,21 @@ class DraSpec(_Spec):
         return value
 
 
+DEVICE_CLASS_SUFFIX = ".gpuclass.cozystack.io"
+
+
+def device_class_name(class_name: str) -> str:
+    """The DeviceClass a DRA class owns: a class's name is a DNS label, so this is a DNS
+    subdomain, and no extended resource name (which holds a slash) can equal it."""
+    return f"{class_name}{DEVICE_CLASS_SUFFIX}"
+
+
 class ClassSpec(_Spec):
-    resource_name: str = Field(alias="resourceName")
+    """Backed by exactly one of a device plugin's extended resource (`resourceName`) and DRA
+    (`dra`); a licensed class is a device-plugin class (docs/gpuclass.md)."""
+
+    resource_name: str | None = Field(default=None, alias="resourceName")
+    dra: DraSpec | None = None
     display_name: str | None = Field(default=None, alias="displayName")
     description: str | None = None
     tolerations: tuple[Toleration, ...] = ()
@@ -116,8 +129,25 @@ class ClassSpec(_Spec):
 
     @field_validator("resource_name")
     @classmethod
-    def _is_extended_resource_name(cls, value: str) -> str:
-        return check_resource_name(value)
+    def _is_extended_resource_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_resource_name(value)
+
+    @model_validator(mode="after")
+    def _one_backing(self) -> ClassSpec:
+        if (self.resource_name is None) == (self.dra is None):
+            raise ValueError("exactly one of resourceName and dra is required")
+        if self.dra is not None and self.license is not None:
+            raise ValueError(
+                "a DRA class takes no license: no DRA driver publishes vGPU devices yet"
+            )
+        return self
+
+    def budget_name(self, class_name: str) -> str:
+        """What a VM's `gpus[]` entry names to take a unit of the class: the device plugin's
+        resource, or the class's DeviceClass."""
+        if self.resource_name is not None:
+            return self.resource_name
+        return device_class_name(class_name)
 
 
 def check_resource_name(value: str) -> str:

@@ -170,16 +170,27 @@ class PermittedHostDevices(_Wire, frozen=True):
     mediated_devices: list[HostDevice] = []
 
 
+class DeveloperConfiguration(_Wire, frozen=True):
+    feature_gates: list[str] = []
+    disabled_feature_gates: list[str] = []
+
+
 class KubeVirtConfiguration(_Wire, frozen=True):
     permitted_host_devices: PermittedHostDevices = PermittedHostDevices()
+    developer_configuration: DeveloperConfiguration = DeveloperConfiguration()
 
 
 class KubeVirtSpec(_Wire, frozen=True):
     configuration: KubeVirtConfiguration = KubeVirtConfiguration()
 
 
+class KubeVirtStatus(_Wire, frozen=True):
+    observed_kube_virt_version: str = ""
+
+
 class KubeVirt(_Wire, frozen=True):
     spec: KubeVirtSpec = KubeVirtSpec()
+    status: KubeVirtStatus = KubeVirtStatus()
 
 
 class InstancetypeGpu(_Wire, frozen=True):

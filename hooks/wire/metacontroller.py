@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from hooks.wire.cozystack import HelmRelease
+from hooks.wire.dra import DRA_API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
 from hooks.wire.kube import (
     Condition,
     ConfigMap,
@@ -44,6 +45,10 @@ GPUCLASSES = f"{GPUCLASS_KIND}.{GPUCLASS_API_VERSION}"
 HELMRELEASES = "HelmRelease.helm.toolkit.fluxcd.io/v2"
 INSTANCE_TYPES_API_VERSION = "instancetype.kubevirt.io/v1beta1"
 INSTANCE_TYPES = f"VirtualMachineClusterInstancetype.{INSTANCE_TYPES_API_VERSION}"
+
+RESOURCE_SLICES = f"ResourceSlice.{DRA_API_VERSION}"
+RESOURCE_CLAIMS = f"ResourceClaim.{DRA_API_VERSION}"
+DEVICE_CLASSES = f"DeviceClass.{DRA_API_VERSION}"
 
 RawGroups = dict[str, dict[str, msgspec.Raw]]
 
@@ -93,10 +98,11 @@ class CustomizeResponse(_Envelope):
     related_resources: list[RelatedRule]
 
 
-class ClassStatus(_Envelope):
+class ClassStatus(_Envelope, omit_defaults=True):
     free: int
     max_free_per_node: int
     conditions: list[Condition]
+    device_class: str | None = None  # a DRA class's
 
 
 class CompositeSyncResponse(_Envelope, omit_defaults=True):
@@ -209,6 +215,11 @@ RELATED_KINDS = (
         INSTANCE_TYPES,
         Instancetype,
     ),
+    RelatedKind(DRA_API_VERSION, "ResourceSlice", "resourceslices", RESOURCE_SLICES, ResourceSlice),
+    RelatedKind(
+        DRA_API_VERSION, "ResourceClaim", "resourceclaims", RESOURCE_CLAIMS, ResourceClaim, True
+    ),
+    RelatedKind(DRA_API_VERSION, "DeviceClass", "deviceclasses", DEVICE_CLASSES, DeviceClass),
 )
 # The kinds the hooks read, by group key; any other group is skipped unread.
 GROUP_KINDS: dict[str, type] = {related.group_key: related.type for related in RELATED_KINDS}
@@ -220,6 +231,9 @@ class _TypedGroups(msgspec.Struct):
     classes: dict[str, GPUClass] | None = msgspec.field(default=None, name=GPUCLASSES)
     secrets: dict[str, Secret] | None = msgspec.field(default=None, name=SECRETS)
     namespaces: dict[str, Namespace] | None = msgspec.field(default=None, name=NAMESPACES)
+    slices: dict[str, ResourceSlice] | None = msgspec.field(default=None, name=RESOURCE_SLICES)
+    claims: dict[str, ResourceClaim] | None = msgspec.field(default=None, name=RESOURCE_CLAIMS)
+    device_classes: dict[str, DeviceClass] | None = msgspec.field(default=None, name=DEVICE_CLASSES)
 
     def as_groups(self) -> dict[str, DecodedGroup]:
         present = {
@@ -228,6 +242,9 @@ class _TypedGroups(msgspec.Struct):
             GPUCLASSES: self.classes,
             SECRETS: self.secrets,
             NAMESPACES: self.namespaces,
+            RESOURCE_SLICES: self.slices,
+            RESOURCE_CLAIMS: self.claims,
+            DEVICE_CLASSES: self.device_classes,
         }
         return {k: DecodedGroup(list(v.values()), []) for k, v in present.items() if v is not None}
 

@@ -32,6 +32,19 @@ it, a render without the cluster) is on.
 {{- end -}}
 
 {{/*
+Whether the API server serves DRA (resource.k8s.io/v1): dra.api when set, else what the API server
+said at render. Without it no controller may name a DRA kind: Metacontroller stops a controller
+whose kinds it cannot find.
+*/}}
+{{- define "gpuclass-hooks.draApi" -}}
+{{- if kindIs "bool" .Values.dra.api -}}
+{{- .Values.dra.api -}}
+{{- else -}}
+{{- .Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 A checksum of every setting that shapes customize answers. Appended to the hook URLs, it changes
 the controllers' spec when a setting changes, so Metacontroller drops its cached customize answers
 (kept 20 minutes per parent generation) instead of syncing against rules built from old settings.
@@ -40,6 +53,7 @@ The service ignores the query parameter.
 {{- define "gpuclass-hooks.settingsChecksum" -}}
 {{- $settings := dict
     "enabled" (include "gpuclass-hooks.gpuEnabled" .)
+    "dra" (include "gpuclass-hooks.draApi" .)
     "nodes" .Values.selectors.nodes
     "pods" .Values.selectors.pods
     "label" .Values.license.namespaceLabel

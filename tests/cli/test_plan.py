@@ -374,6 +374,24 @@ MALFORMED = [
         {"metadata": {"name": "gn1.xlarge"}, "spec": {"gpus": [{"name": "gpu1"}]}},
         "spec.gpus[0]",
     ),
+    (
+        "resource.k8s.io/v1",
+        "ResourceSlice",
+        {"metadata": {"name": "s"}, "spec": {"pool": {"generation": "1"}}},
+        "spec.pool.generation",
+    ),
+    (
+        "resource.k8s.io/v1",
+        "ResourceClaim",
+        {"metadata": {"name": "c", "namespace": "t"}, "status": {"allocation": []}},
+        "status.allocation",
+    ),
+    (
+        "resource.k8s.io/v1",
+        "DeviceClass",
+        {"metadata": {"name": "d", "ownerReferences": {}}},
+        "metadata.ownerReferences",
+    ),
 ]
 
 

@@ -171,7 +171,7 @@ def test_invalid_spec_gets_only_ready_false_invalid_spec() -> None:
         (c["type"], c["status"], c["reason"], c["observedGeneration"])
         for c in response["status"]["conditions"]
     ] == [("Ready", "False", "InvalidSpec", 4)]
-    assert "spec.resourceName" in response["status"]["conditions"][0]["message"]
+    assert "exactly one of resourceName and dra" in response["status"]["conditions"][0]["message"]
     assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (0, 0)
 
 

@@ -15,64 +15,9 @@ from hooks.rules.dra import PCI_BUS_ID, compute_dra_capacity, device_class_selec
 from hooks.wire.dra import ResourceClaim, ResourceSlice
 from hooks.wire.gpuclass import Toleration
 from hooks.wire.kube import Node
-from tests.builders import as_wire, node
+from tests.builders import DRIVER, as_wire, claim, device, node, resource_slice
 
-DRIVER = "gpu.nvidia.com"
 VFIO = {"type": "vfio"}
-
-
-def device(
-    name: str,
-    kind: str = "vfio",
-    bus: str | None = None,
-    taints: list[dict[str, str]] | None = None,
-    draws: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"type": {"string": kind}, "index": {"int": 0}}
-    if bus is not None:
-        attributes[PCI_BUS_ID] = {"string": bus}
-    made: dict[str, Any] = {"name": name, "attributes": attributes}
-    if taints:
-        made["taints"] = taints
-    if draws:
-        made["consumesCounters"] = [
-            {"counterSet": "card", "counters": {k: {"value": v} for k, v in draws.items()}}
-        ]
-    return made
-
-
-def resource_slice(
-    pool: str,
-    devices: list[dict[str, Any]],
-    *,
-    node_name: str | None = None,
-    generation: int = 1,
-    count: int = 1,
-    counters: dict[str, str] | None = None,
-    driver: str = DRIVER,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "driver": driver,
-        "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
-        "devices": devices,
-    }
-    if node_name is None:
-        spec["allNodes"] = True
-    else:
-        spec["nodeName"] = node_name
-    if counters:
-        spec["sharedCounters"] = [
-            {"name": "card", "counters": {k: {"value": v} for k, v in counters.items()}}
-        ]
-    return {"metadata": {"name": f"{pool}-{generation}"}, "spec": spec}
-
-
-def claim(*held: tuple[str, str], admin: bool = False) -> dict[str, Any]:
-    results = [
-        {"driver": DRIVER, "pool": pool, "device": name, "adminAccess": admin}
-        for pool, name in held
-    ]
-    return {"status": {"allocation": {"devices": {"results": results}}}}
 
 
 def capacity(  # type: ignore[no-untyped-def]

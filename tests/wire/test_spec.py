@@ -22,7 +22,7 @@ def test_valid_spec_with_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ("{}", "spec.resourceName"),
+        ("{}", "spec"),
         ('{"resourceName": 5}', "spec.resourceName"),
         ('{"resourceName": "gpu"}', "spec.resourceName"),
         ('{"resourceName": "kubernetes.io/gpu"}', "spec.resourceName"),
