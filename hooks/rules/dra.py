@@ -31,7 +31,7 @@ from hooks.wire.dra import Device, DeviceAttribute, ResourceClaim, ResourceSlice
 from hooks.wire.kube import Node
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-AttributeValue = str | int | bool
+AttributeValue = str | int
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,6 @@ def qualified(driver: str, name: str) -> str:
 
 def attribute_equals(attribute: DeviceAttribute, wanted: AttributeValue) -> bool:
     """CEL's equality of the attribute's one value with the class's: across types, false."""
-    if isinstance(wanted, bool):
-        return attribute.boolean is wanted
     if isinstance(wanted, int):
         return attribute.integer == wanted
     return attribute.string == wanted
@@ -89,8 +87,6 @@ def attribute_equals(attribute: DeviceAttribute, wanted: AttributeValue) -> bool
 def cel_literal(value: AttributeValue) -> str:
     """A CEL literal of the value. JSON's string escapes are a subset of CEL's, and JSON escapes
     every quote, backslash and control character, so no value can end the literal early."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     return json.dumps(value, ensure_ascii=False)

@@ -15,13 +15,12 @@ from hooks.wire.kube import NameOnlyMeta, ObjectMeta, Taint, _Wire, is_absent
 DRA_API_VERSION = "resource.k8s.io/v1"
 
 
-class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int", "boolean": "bool"}):
-    """One typed value: exactly one of these is set by the driver."""
+class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int"}):
+    """One typed value, of the types a class can equal. A driver sets exactly one type; its bool
+    and version values are left unread, as a class's string or integer never equals them in CEL."""
 
     integer: int | None = None
-    boolean: bool | None = None
     string: str | None = None
-    version: str | None = None
 
 
 class CounterValue(_Wire, frozen=True):

@@ -11,7 +11,15 @@ from typing import Annotated, Literal
 
 import msgspec
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from hooks.wire.kube import GPUClassStatus, is_absent
 from hooks.wire.names import is_dns_label, is_dns_subdomain
@@ -80,7 +88,9 @@ class DraSpec(_Spec):
     """A DRA class's devices: its driver's, with these attributes (docs/gpuclass.md)."""
 
     driver: Annotated[str, Field(min_length=1, max_length=63)]
-    attributes: dict[str, bool | int | str]
+    # Strict: a boolean is not an integer here, and a class cannot select on one (the CRD's
+    # structural schema cannot type a value as a string, an integer or a boolean for CEL).
+    attributes: dict[str, StrictInt | StrictStr]
 
     @field_validator("driver")
     @classmethod
@@ -91,9 +101,7 @@ class DraSpec(_Spec):
 
     @field_validator("attributes")
     @classmethod
-    def _attributes_are_driver_attributes(
-        cls, value: dict[str, bool | int | str]
-    ) -> dict[str, bool | int | str]:
+    def _attributes_are_driver_attributes(cls, value: dict[str, int | str]) -> dict[str, int | str]:
         if not 1 <= len(value) <= MAX_DRA_ATTRIBUTES:
             raise ValueError(f"must hold 1 to {MAX_DRA_ATTRIBUTES} attributes")
         for name, wanted in value.items():

@@ -324,6 +324,79 @@ def test_a_class_resource_name_cannot_change(
         kube.delete(f"{GPUCLASSES}/fixed", wait=False)
 
 
+def a_dra_class(name: str = "dra", **dra: Any) -> dict[str, Any]:
+    spec = {"driver": "gpu.nvidia.com", "attributes": {"type": "vfio"}, **dra}
+    return {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {"name": name},
+        "spec": {"dra": spec},
+    }
+
+
+def test_crd_a_class_is_backed_by_exactly_one_of_resource_name_and_dra(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    both = a_dra_class()
+    both["spec"]["resourceName"] = GPU
+    neither = {**a_class(), "spec": {"displayName": "x"}}
+    for wrong in (both, neither):
+        assert "exactly one of resourceName and dra" in refused(kube, wrong)
+    licensed = a_dra_class()
+    licensed["spec"]["license"] = {"secretRef": {"name": "nvidia-license"}}
+    assert "takes no license" in refused(kube, licensed)
+
+
+def test_crd_dra_attributes_are_driver_attribute_equalities(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    refusals = [
+        ({"driver": "Not_A_Subdomain"}, "driver"),
+        ({"attributes": {}}, "attributes"),
+        ({"attributes": {f"a{i}": "x" for i in range(9)}}, "attributes"),
+        ({"attributes": {"9lives": "x"}}, "C identifier"),
+        ({"attributes": {"Bad_Domain/type": "x"}}, "C identifier"),
+        ({"attributes": {"a" * 33: "x"}}, "C identifier"),
+        ({"attributes": {"type": "x" * 65}}, "at most 64 characters"),
+        ({"attributes": {"type": {"nested": 1}}}, "attributes.type"),
+        ({"attributes": {"type": True}}, "attributes.type"),
+    ]
+    for dra, message in refusals:
+        assert message in refused(kube, a_dra_class(**dra)), dra
+    accepted = a_dra_class(
+        "dra-ok",
+        attributes={"type": "x" * 64, "index": 0, "resource.kubernetes.io/n": "a"},
+    )
+    created = kube.request("POST", GPUCLASSES, accepted)
+    assert created.status_code == 201, created.text
+    assert created.json()["spec"]["dra"] == accepted["spec"]["dra"]
+    kube.delete(f"{GPUCLASSES}/dra-ok", wait=False)
+
+
+def test_a_class_dra_cannot_change_nor_its_backing(
+    kube: ControlPlane, installed: list[dict[str, Any]]
+) -> None:
+    """Budgets count a DRA class's devices under its key as they count a resource's: its devices
+    cannot change under held VMs, nor can it become a device-plugin class."""
+    created = kube.request("POST", GPUCLASSES, a_dra_class("fixed-dra"))
+    assert created.status_code == 201, created.text
+    try:
+        stored = created.json()
+        other = {
+            **stored,
+            "spec": {"dra": {**stored["spec"]["dra"], "attributes": {"type": "gpu"}}},
+        }
+        moved = {**stored, "spec": {"resourceName": GPU}}
+        for change, message in ((other, "dra is immutable"), (moved, "cannot change between")):
+            response = kube.request("PUT", f"{GPUCLASSES}/fixed-dra", change)
+            assert response.status_code == 422, response.text
+            assert message in response.text
+        renamed = {**stored, "spec": {**stored["spec"], "displayName": "renamed"}}
+        assert kube.request("PUT", f"{GPUCLASSES}/fixed-dra", renamed).status_code == 200
+    finally:
+        kube.delete(f"{GPUCLASSES}/fixed-dra", wait=False)
+
+
 # --- status, the way Metacontroller writes it ----------------------------------------------------
 
 
@@ -374,6 +447,7 @@ def test_printer_columns_render(kube: ControlPlane, stored_class: dict[str, Any]
     assert columns == [
         ("Name", 0),
         ("Resource", 0),
+        ("DeviceClass", 0),
         ("Free", 0),
         ("MaxPerNode", 0),
         ("Ready", 0),
@@ -381,7 +455,7 @@ def test_printer_columns_render(kube: ControlPlane, stored_class: dict[str, Any]
         ("License", 1),
     ]
     [row] = table["rows"]
-    assert row["cells"][:5] == ["stored", GPU, 6, 2, "True"]
+    assert row["cells"][:6] == ["stored", GPU, None, 6, 2, "True"]
 
 
 # --- RBAC, with a real token of the chart's ServiceAccount -------------------------------------

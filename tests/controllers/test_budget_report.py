@@ -29,7 +29,7 @@ from tests.cli.test_plan import run_plan
 from tests.profiles import examples
 from tests.rules.budget.test_invariant import (
     BUDGET_KEYS,
-    CLASSES,
+    CLASS_OBJECTS,
     INSTANCE_TYPES,
     Cluster,
     instance_type_objects,
@@ -708,16 +708,7 @@ def items_of(cluster: Cluster) -> list[dict[str, Any]]:
         for (namespace, kind, name), spec in cluster.apps.items()
     ]
     instance_types = [json.loads(bytes(t)) for t in instance_type_objects(INSTANCE_TYPES)]
-    classes = [
-        {
-            "apiVersion": "cozystack.io/v1alpha1",
-            "kind": "GPUClass",
-            "metadata": {"name": c.name, "creationTimestamp": c.created},
-            "spec": {"resourceName": c.resource_name},
-        }
-        for c in CLASSES
-    ]
-    return [*releases, *classes, *instance_types]
+    return [*releases, *CLASS_OBJECTS, *instance_types]
 
 
 def model_figures(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:

@@ -65,7 +65,7 @@ def test_an_incomplete_pool_counts_nothing_and_is_named() -> None:
 def test_attributes_without_a_domain_are_the_drivers() -> None:
     slices = [resource_slice("n1", [device("a")], node_name="n1")]
     assert capacity(slices, attributes={f"{DRIVER}/type": "vfio", "index": 0}).free == 1
-    assert capacity(slices, attributes={"index": False}).free == 0
+    assert capacity(slices, attributes={"index": "0"}).free == 0
     assert capacity(slices, attributes={"other.example.com/type": "vfio"}).free == 0
 
 
@@ -257,14 +257,14 @@ def test_free_units_agree_with_an_independent_model(
 
 
 def test_the_selector_is_the_drivers_and_every_attributes_equality() -> None:
-    selector = device_class_selector(DRIVER, {"type": "vfio", "index": 0, "x.io/ok": True})
+    selector = device_class_selector(DRIVER, {"type": "vfio", "index": 0, "x.io/ok": "yes"})
     assert selector == (
         'device.driver == "gpu.nvidia.com"'
         ' && has(device.attributes["gpu.nvidia.com"].index)'
         ' && device.attributes["gpu.nvidia.com"].index == 0'
         ' && has(device.attributes["gpu.nvidia.com"].type)'
         ' && device.attributes["gpu.nvidia.com"].type == "vfio"'
-        ' && has(device.attributes["x.io"].ok) && device.attributes["x.io"].ok == true'
+        ' && has(device.attributes["x.io"].ok) && device.attributes["x.io"].ok == "yes"'
     )
 
 

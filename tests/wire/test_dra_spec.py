@@ -12,11 +12,11 @@ from hooks.wire.gpuclass import DraSpec
 
 def test_a_dra_spec_keeps_typed_values() -> None:
     spec = DraSpec.model_validate(
-        {"driver": "gpu.nvidia.com", "attributes": {"type": "vfio", "index": 0, "x.io/on": True}}
+        {"driver": "gpu.nvidia.com", "attributes": {"type": "vfio", "index": 0, "x.io/n": "1"}}
     )
-    assert spec.attributes == {"type": "vfio", "index": 0, "x.io/on": True}
-    assert isinstance(spec.attributes["x.io/on"], bool)
+    assert spec.attributes == {"type": "vfio", "index": 0, "x.io/n": "1"}
     assert isinstance(spec.attributes["index"], int)
+    assert isinstance(spec.attributes["x.io/n"], str)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +29,8 @@ def test_a_dra_spec_keeps_typed_values() -> None:
         ({"driver": "gpu.nvidia.com", "attributes": {"a" * 33: "x"}}, "C identifier"),
         ({"driver": "gpu.nvidia.com", "attributes": {"Bad_Domain/a": "x"}}, "domain"),
         ({"driver": "gpu.nvidia.com", "attributes": {"a": "x" * 65}}, "at most 64"),
+        ({"driver": "gpu.nvidia.com", "attributes": {"a": True}}, "valid integer"),
+        ({"driver": "gpu.nvidia.com", "attributes": {"a": 1.5}}, "valid integer"),
     ],
 )
 def test_a_dra_spec_refuses_what_a_driver_cannot_publish(

@@ -32,18 +32,27 @@ from hooks.rules.budget.instance_types import catalog_of
 from hooks.rules.budget.releases import release_object
 from hooks.rules.budget.reservations import Catalog
 from hooks.rules.budget.tenancy import App, Tenancy, Tenant
-from hooks.rules.classes import ClassIdentity
+from hooks.rules.classes import ClassIdentity, class_identity
 from hooks.wire.admission import AdmissionRequest
+from hooks.wire.kube import GPUClass
 from tests import cozystack
-from tests.builders import scoped_tenancy
+from tests.builders import as_wire, dra_class, gpuclass, scoped_tenancy
 from tests.profiles import examples
 
 L40S, H100 = "nvidia.com/NVIDIA_L40S-24Q", "nvidia.com/GH100_H100_PCIE"
-CLASSES = (
-    ClassIdentity("l40s", "2026-01-01T00:00:00Z", False, L40S),
-    ClassIdentity("h100", "2026-02-01T00:00:00Z", False, H100),
+# A DRA class: a VM's gpus entry names its DeviceClass.
+A10_VFIO = "a10-vfio.gpuclass.cozystack.io"
+CLASS_OBJECTS = (
+    gpuclass("l40s", resource=L40S, created="2026-01-01T00:00:00Z"),
+    gpuclass("h100", resource=H100, created="2026-02-01T00:00:00Z"),
+    dra_class("a10-vfio", created="2026-02-15T00:00:00Z"),
 )
-CLASS_OF = {L40S: "l40s.gpuclass.cozystack.io/devices", H100: "h100.gpuclass.cozystack.io/devices"}
+CLASSES = tuple(class_identity(as_wire(c, GPUClass)) for c in CLASS_OBJECTS)
+CLASS_OF = {
+    L40S: "l40s.gpuclass.cozystack.io/devices",
+    H100: "h100.gpuclass.cozystack.io/devices",
+    A10_VFIO: "a10-vfio.gpuclass.cozystack.io/devices",
+}
 TOTAL = "gpuclass.cozystack.io/devices"
 BUDGET_KEYS = (TOTAL, *CLASS_OF.values())
 QUOTA_KEYS = (*BUDGET_KEYS, "requests.cpu")
@@ -55,6 +64,7 @@ INSTANCE_TYPES: dict[str, tuple[str, ...]] = {
     "u1.medium": (),
     "gpu.l40s": (L40S,),
     "gpu.mixed": (L40S, H100),
+    "gpu.a10": (A10_VFIO,),
 }
 DEFAULTS = {"instanceType": "u1.medium", "maxReplicas": 10, "minReplicas": 0}
 
@@ -288,9 +298,11 @@ def vm_values(draw: st.DrawFn, pool: bool) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if draw(st.integers(0, 3)):
         values["gpus"] = [
-            {"name": g} for g in draw(st.lists(st.sampled_from((L40S, H100)), max_size=3))
+            {"name": g} for g in draw(st.lists(st.sampled_from((L40S, H100, A10_VFIO)), max_size=3))
         ]
-    instance_type = draw(st.sampled_from((None, "u1.medium", "gpu.l40s", "gpu.mixed", "absent")))
+    instance_type = draw(
+        st.sampled_from((None, "u1.medium", "gpu.l40s", "gpu.mixed", "gpu.a10", "absent"))
+    )
     if instance_type != "absent":
         values["instanceType"] = instance_type or ""
     if pool:
