@@ -234,19 +234,20 @@ def test_controllers_keep_their_hooks_credentials_included(
 
 
 def documented_classes() -> list[dict[str, Any]]:
-    """The GPUClass of docs/gpuclass.md, with and without its license, and the example cluster's
-    classes."""
+    """The GPUClasses of docs/gpuclass.md (the first with and without its license), and the
+    example cluster's classes."""
     blocks = [
         yaml.safe_load(block.split("```", 1)[0])
         for block in (ROOT / "docs" / "gpuclass.md").read_text().split("```yaml\n")[1:]
     ]
-    [example] = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "GPUClass"]
+    example, dra = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "GPUClass"]
     [license_block] = [b for b in blocks if isinstance(b, dict) and set(b) == {"spec"}]
     example.pop("status")
+    dra.pop("status")
     licensed = copy.deepcopy(example)
     licensed["metadata"]["name"] = "l40s-24q-licensed"
     licensed["spec"].update(license_block["spec"])
-    classes = [example, licensed]
+    classes = [example, licensed, dra]
     for item in yaml.safe_load((ROOT / "examples" / "cluster.yaml").read_text())["items"]:
         if item["kind"] == "GPUClass":
             item["metadata"] = {"name": "cluster-" + item["metadata"]["name"]}

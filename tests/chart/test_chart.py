@@ -198,6 +198,7 @@ def test_settings_checksum_changes_hook_urls_when_customize_settings_change(
         "selectors.nodes=nvidia.com/gpu.present=true",
         "selectors.pods=app=vm",
         "gpu.enabled=false",
+        "dra.api=true",
         "license.namespaceLabel=x/y",
         "license.namespaces={cozy-gpu-operator,gpu-licenses}",
     ):
@@ -216,6 +217,32 @@ def test_status_controller_shape(default_render: list[dict[str, Any]]) -> None:
         "resource": "gpuclasses",
         "ignoreStatusChanges": True,
     }
+
+
+DEVICE_CLASS_CHILD = {
+    "apiVersion": "resource.k8s.io/v1",
+    "resource": "deviceclasses",
+    "updateStrategy": {"method": "InPlace"},
+}
+
+
+def test_dra_classes_device_class_child_only_where_the_api_server_serves_dra() -> None:
+    """Metacontroller stops a controller whose kinds it cannot find: DeviceClasses are named
+    only where the API server serves resource.k8s.io/v1, or where `dra.api` says so."""
+    served = (CERT_MANAGER, "resource.k8s.io/v1/DeviceClass")
+    cases = {
+        (): [],
+        ("dra.api=true",): [DEVICE_CLASS_CHILD],
+    }
+    for sets, children in cases.items():
+        documents = render(*sets)
+        assert one(documents, "CompositeController")["spec"]["childResources"] == children
+        assert env_of(documents)["GPUCLASS_DRA_API"] == str(bool(children)).lower()
+    asked = render(api_versions=served)
+    assert one(asked, "CompositeController")["spec"]["childResources"] == [DEVICE_CLASS_CHILD]
+    told_off = render("dra.api=false", api_versions=served)
+    assert one(told_off, "CompositeController")["spec"]["childResources"] == []
+    assert env_of(told_off)["GPUCLASS_DRA_API"] == "false"
 
 
 def decorator(documents: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -510,6 +537,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
     assert container_of(default_render)["resources"]["limits"]["memory"] == "2Gi"
     assert env == {
         "GPUCLASS_ENABLED": "true",
+        "GPUCLASS_DRA_API": "false",  # Helm's own list, without a cluster, has no DRA
         "GPUCLASS_KUBEVIRT_NAMESPACE": "cozy-kubevirt",
         "GPUCLASS_KUBEVIRT_NAME": "kubevirt",
         "GPUCLASS_NODE_SELECTOR": "",
@@ -717,6 +745,7 @@ def test_crd_printer_columns() -> None:
     columns = [(c["name"], c.get("priority", 0)) for c in version["additionalPrinterColumns"]]
     assert columns == [
         ("Resource", 0),
+        ("DeviceClass", 0),
         ("Free", 0),
         ("MaxPerNode", 0),
         ("Ready", 0),
@@ -796,9 +825,12 @@ VALID_CLASSES = [
         "resourceName": "nvidia.com/X",
         "license": {"secretRef": {"name": "tok", "namespace": "cozy-gpu-operator", "key": "t.tok"}},
     },
+    {"dra": {"driver": "gpu.nvidia.com", "attributes": {"type": "vfio", "index": 0}}},
 ]
 INVALID_CLASSES = [
-    {},
+    {"dra": {"driver": "Not_DNS", "attributes": {"type": "vfio"}}},
+    {"dra": {"driver": "gpu.nvidia.com", "attributes": {}}},
+    {"dra": {"driver": "gpu.nvidia.com"}},
     {"resourceName": "gpu"},
     {"resourceName": "nvidia.com/"},
     {"resourceName": 5},
@@ -809,6 +841,14 @@ INVALID_CLASSES = [
         "resourceName": "nvidia.com/X",
         "license": {"secretRef": {"name": "tok", "namespace": "Bad_NS"}},
     },
+]
+# The CRD's CEL rules refuse these (tests/apiserver has them on the real API server); the hook too.
+REFUSED_BY_CEL = [
+    {},
+    {"resourceName": "nvidia.com/X", "dra": {"driver": "a.b", "attributes": {"t": "v"}}},
+    {"dra": {"driver": "a.b", "attributes": {"t": "v"}}, "license": {"secretRef": {"name": "t"}}},
+    {"dra": {"driver": "a.b", "attributes": {"9t": "v"}}},
+    {"dra": {"driver": "a.b", "attributes": {"t": True}}},
 ]
 # The CRD refuses these, but the hook must cope with them (objects written before a CRD change):
 # the toleration rule says an unknown operator matches nothing.
@@ -849,7 +889,7 @@ def test_crd_and_hook_agree_on_class_specs() -> None:
 
     for spec in VALID_CLASSES + REFUSED_BY_CRD_ONLY:
         parse_spec(msgspec.Raw(json.dumps(spec).encode()))
-    for spec in INVALID_CLASSES:
+    for spec in INVALID_CLASSES + REFUSED_BY_CEL:
         with pytest.raises(InvalidSpecError):
             parse_spec(msgspec.Raw(json.dumps(spec).encode()))
 

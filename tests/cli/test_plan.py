@@ -866,3 +866,29 @@ def test_a_dump_without_releases_prints_no_budgets(tmp_path: Path) -> None:
     result = run_plan(str(CLUSTER), "-o", "json")
     assert json.loads(result.stdout)["budgets"] is None
     assert "GPU budgets" not in run_plan(str(CLUSTER)).stdout
+
+
+# --- a DRA class -----------------------------------------------------------------------------------
+
+
+def test_plan_of_a_dra_class_reads_slices_and_claims_as_its_sync_does(tmp_path: Path) -> None:
+    """A dump with a DRA class, its nodes, slices and claims: plan answers what the status hook
+    answers for the same objects, and --explain shows each node's units."""
+    from tests.controllers.test_status_dra import cluster as dra_cluster
+
+    request = dra_cluster()
+    objects = [obj for group in request["related"].values() for obj in group.values()]
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    result = run_plan(str(dump), "-o", "json", "--explain", "a10")
+    assert (result.returncode, result.stderr) == (0, "")
+    [planned] = json.loads(result.stdout)["classes"]
+    assert (planned["status"]["free"], planned["status"]["maxFreePerNode"]) == (3, 2)
+    assert planned["status"]["deviceClass"] == "a10.gpuclass.cozystack.io"
+    assert [(n["node"], n["units"], n["taken"], n["free"]) for n in planned["nodes"]] == [
+        ("n1", 3, 1, 2),
+        ("n2", 1, 0, 1),
+    ]
+    table = run_plan(str(dump), "--explain", "a10").stdout
+    assert "Nodes with devices of a10.gpuclass.cozystack.io for a10:" in table
+    assert any(line.split()[:6] == ["n1", "yes", "-", "3", "1", "2"] for line in table.splitlines())

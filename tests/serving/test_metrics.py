@@ -126,6 +126,31 @@ def test_capacity_and_use_split_by_eligibility(
     )
 
 
+def test_a_dra_class_exports_its_units_and_taken_units(
+    metered_client: FlaskClient, metrics: Metrics
+) -> None:
+    from tests.controllers.test_status_dra import cluster as dra_cluster
+    from tests.controllers.test_status_dra import gpu_nodes
+
+    cordoned = [*gpu_nodes()[:1], node("n2", gpus=None, unschedulable=True)]
+    metered_client.post("/status/sync", json=dra_cluster(nodes=cordoned))
+    samples = scrape(metrics)
+    device_class = {"class": "a10", "resource": "a10.gpuclass.cozystack.io"}
+    # n1: three units, one taken; n2 (cordoned): one unit
+    assert series(samples, "cozystack_gpu_class_capacity_units") == {
+        labels(**device_class, eligible="true"): 3.0,
+        labels(**device_class, eligible="false"): 1.0,
+    }
+    assert series(samples, "cozystack_gpu_class_used_units") == {
+        labels(**device_class, eligible="true"): 1.0,
+        labels(**device_class, eligible="false"): 0.0,
+    }
+    assert series(samples, "cozystack_gpu_class_free_units") == {labels(**{"class": "a10"}): 2.0}
+    assert len(series(samples, "cozystack_gpu_class_condition")) == len(
+        conditions_in_order(dra=True)
+    )
+
+
 def test_conflicting_class_exports_no_inventory(
     metered_client: FlaskClient, metrics: Metrics
 ) -> None:
