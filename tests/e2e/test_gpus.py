@@ -56,13 +56,22 @@ class Shown:
     reason: str = ""  # Ready's reason, where the reader has it
 
 
-def listed(cluster: Cluster, name: str) -> Shown | None:
-    """The row of `kubectl get gpuclasses`: NAME RESOURCE FREE MAXPERNODE READY AGE."""
-    done = cluster.kubectl("get", "gpuclasses", name, "--no-headers", check=False)
-    columns = done.stdout.split()
-    if done.returncode != 0 or len(columns) < 5 or not columns[2].isdigit():
+def row(cluster: Cluster, name: str) -> dict[str, str] | None:
+    """The row of `kubectl get gpuclasses` by its header: NAME RESOURCE DEVICECLASS FREE
+    MAXPERNODE READY AGE (no value holds a space)."""
+    done = cluster.kubectl("get", "gpuclasses", name, check=False)
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 2:
         return None
-    return Shown(int(columns[2]), int(columns[3]), columns[4])
+    header, values = (line.split() for line in lines)
+    return dict(zip(header, values, strict=True)) if len(header) == len(values) else None
+
+
+def listed(cluster: Cluster, name: str) -> Shown | None:
+    shown = row(cluster, name)
+    if shown is None or not shown["FREE"].isdigit():
+        return None
+    return Shown(int(shown["FREE"]), int(shown["MAXPERNODE"]), shown["READY"])
 
 
 def scrape(context: ssl.SSLContext, token: str, address: str, port: int) -> str | None:
@@ -418,6 +427,7 @@ def plan_on_a_dump(cluster: Cluster, workdir: Path) -> dict[str, Any]:
         "sources.json": ("secret", "-n", SOURCE_NS, SOURCE_NAME),
         "copies.json": ("secrets", "-A", f"--field-selector=metadata.name={COPY}"),
         "classes.json": ("gpuclasses",),
+        "dra.json": ("resourceslices,resourceclaims,deviceclasses", "-A"),
     }
     for file, arguments in dumps.items():
         (workdir / file).write_text(cluster.kubectl("get", *arguments, "-o", "json").stdout)
