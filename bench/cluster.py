@@ -441,3 +441,210 @@ def license_sync_body(cluster: Cluster, class_name: str = "l40s-24q") -> bytes:
             b'},"finalizing":false}',
         ]
     )
+
+
+# --- Dynamic Resource Allocation ------------------------------------------------------------------
+
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_CLASS = "a10-vfio"
+DRA_CLAIMS = {"S": 200, "M": 2_000, "L": 8_000}
+DRA_CARDS = 8  # per node, each a `gpu-N` and a `gpu-vfio-N` device, as NVIDIA's driver publishes
+
+
+@dataclass(frozen=True)
+class DraCluster:
+    """Every node's ResourceSlice, and the allocated claims, beside the cluster's nodes."""
+
+    slices: dict[str, bytes]
+    claims: dict[str, bytes]
+    classes: dict[str, bytes]
+
+
+def _card_attributes(node_name: str, card: int, kind: str) -> dict[str, object]:
+    return {
+        "type": {"string": kind},
+        "uuid": {"string": f"GPU-{node_name}-{card:02d}-5b2f7c1e-0d4a-4e0b-9f6a"},
+        "productName": {"string": "NVIDIA A10"},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Ampere"},
+        "driverVersion": {"version": "580.82.7"},
+        "cudaComputeCapability": {"version": "8.6.0"},
+        "cudaDriverVersion": {"version": "13.0.0"},
+        "index": {"int": card},
+        "minor": {"int": card},
+        "resource.kubernetes.io/pciBusID": {"string": f"0000:{card + 0x17:02x}:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": f"pci0000:{card // 4:02x}"},
+    }
+
+
+def resource_slice(node_name: str) -> dict[str, object]:
+    devices = []
+    for card in range(DRA_CARDS):
+        for name, kind in ((f"gpu-{card}", "gpu"), (f"gpu-vfio-{card}", "vfio")):
+            devices.append(
+                {
+                    "name": name,
+                    "attributes": _card_attributes(node_name, card, kind),
+                    "capacity": {"memory": {"value": "24Gi"}},
+                }
+            )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{node_name}-{DRA_DRIVER}-x7k2p",
+            "uid": f"uid-slice-{node_name}",
+            "generateName": f"{node_name}-{DRA_DRIVER}-",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": f"uid-{node_name}"}
+            ],
+        },
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def allocated_claim(index: int, node_name: str, card: int) -> tuple[str, dict[str, object]]:
+    """A VM's claim as the scheduler and the kubelet leave it: spec, allocation, reservation."""
+    namespace, name = f"tenant-{index % 40:02d}", f"virt-launcher-vm-{index:05d}-gpu-k8v2q"
+    device_class = f"{DRA_CLASS}.gpuclass.cozystack.io"
+    return f"{namespace}/{name}", {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-claim-{index}",
+            "finalizers": ["resource.kubernetes.io/delete-protection"],
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": f"virt-launcher-vm-{index:05d}",
+                    "uid": f"uid-pod-{index}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRA_DRIVER,
+                            "pool": node_name,
+                            "device": f"gpu-vfio-{card}",
+                        }
+                    ],
+                    "config": [],
+                },
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node_name]}
+                            ]
+                        }
+                    ]
+                },
+            },
+            "reservedFor": [
+                {
+                    "resource": "pods",
+                    "name": f"virt-launcher-vm-{index:05d}",
+                    "uid": f"uid-pod-{index}",
+                }
+            ],
+        },
+    }
+
+
+def dra_class(created: str = CREATED) -> dict[str, object]:
+    return {
+        "apiVersion": "cozystack.io/v1alpha1",
+        "kind": "GPUClass",
+        "metadata": {
+            "name": DRA_CLASS,
+            "uid": f"uid-{DRA_CLASS}",
+            "generation": 1,
+            "creationTimestamp": created,
+        },
+        "spec": {
+            "dra": {"driver": DRA_DRIVER, "attributes": {"type": "vfio"}},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        },
+    }
+
+
+def generate_dra(cluster: Cluster, size: str, seed: int = 7) -> DraCluster:
+    """A slice for every node of the cluster, and the size's allocated claims on random cards."""
+    rng = random.Random(f"{seed}-{size}-dra")
+    node_names = sorted(cluster.nodes)
+    slices = {}
+    for node_name in node_names:
+        made = resource_slice(node_name)
+        slices[str(made["metadata"]["name"])] = _dumps(made)  # type: ignore[index]
+    cards = rng.sample([(n, c) for n in node_names for c in range(DRA_CARDS)], DRA_CLAIMS[size])
+    claims = dict(
+        (key, _dumps(obj))
+        for key, obj in (allocated_claim(i, n, c) for i, (n, c) in enumerate(cards))
+    )
+    classes = {**cluster.classes, DRA_CLASS: _dumps(dra_class())}
+    return DraCluster(slices, claims, classes)
+
+
+def dra_sync_body(
+    cluster: Cluster, dra: DraCluster, *, parent_status: dict[str, object] | None = None
+) -> bytes:
+    """The /status/sync request of the DRA class: every node (the default node selector), slice
+    and claim, and its DeviceClass as Metacontroller created it."""
+    parent = json.loads(dra.classes[DRA_CLASS])
+    if parent_status is not None:
+        parent["status"] = parent_status
+    device_class = f"{DRA_CLASS}.gpuclass.cozystack.io"
+    owned = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {
+            "name": device_class,
+            "ownerReferences": [
+                {
+                    "apiVersion": "cozystack.io/v1alpha1",
+                    "kind": "GPUClass",
+                    "name": DRA_CLASS,
+                    "uid": f"uid-{DRA_CLASS}",
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    return b"".join(
+        [
+            b'{"controller":{"apiVersion":"metacontroller.k8s.io/v1alpha1",'
+            b'"kind":"CompositeController","metadata":{"name":"gpuclass-status"}},"parent":',
+            _dumps(parent),
+            b',"children":{},"related":{"Node.v1":',
+            *_object_map(cluster.nodes),
+            b',"ResourceSlice.resource.k8s.io/v1":',
+            *_object_map(dra.slices),
+            b',"ResourceClaim.resource.k8s.io/v1":',
+            *_object_map(dra.claims),
+            b',"DeviceClass.resource.k8s.io/v1":',
+            *_object_map({device_class: _dumps(owned)}),
+            b',"GPUClass.cozystack.io/v1alpha1":',
+            *_object_map(dra.classes),
+            b'},"finalizing":false}',
+        ]
+    )

@@ -35,7 +35,15 @@ from typing import Any
 import msgspec
 import requests
 
-from bench.cluster import GPU_RESOURCES, Cluster, generate, license_sync_body, status_sync_body
+from bench.cluster import (
+    GPU_RESOURCES,
+    Cluster,
+    dra_sync_body,
+    generate,
+    generate_dra,
+    license_sync_body,
+    status_sync_body,
+)
 from bench.common import free_units
 from hooks.controllers import license, status
 from hooks.rules.permitted_devices import KubeVirtFound
@@ -46,6 +54,7 @@ from hooks.wire.metacontroller import decode_composite_sync, decode_decorator_sy
 MB = 1024 * 1024
 CONCURRENCY = 5
 KUBEVIRT = {
+    "status": {"observedKubeVirtVersion": "v1.9.0"},
     "spec": {
         "configuration": {
             "permittedHostDevices": {
@@ -54,7 +63,7 @@ KUBEVIRT = {
                 ]
             }
         }
-    }
+    },
 }
 
 
@@ -319,6 +328,15 @@ def bench_size(
     ours_s, ours = median_seconds(lambda: in_process(body, settings, view), repeat)
     common_s, common = median_seconds(lambda: free_units(body), max(1, min(repeat, 2)))
     expected = json.loads(ours)
+    dra = generate_dra(cluster, size)
+    dra_first = json.loads(in_process(dra_sync_body(cluster, dra), settings, view))
+    dra_body = dra_sync_body(cluster, dra, parent_status=dra_first["status"])
+    dra_expected = json.loads(in_process(dra_body, settings, view))
+    print(
+        f"[{size}] a DRA class: {len(dra.slices)} slices, {len(dra.claims)} allocated claims: "
+        f"/status/sync body {len(dra_body) / MB:.1f} MB",
+        flush=True,
+    )
     with serve(api, threads=CONCURRENCY) as server:
         idle_mb = server.memory_mb()
         with server.peak_memory() as single_peak:
@@ -333,6 +351,10 @@ def bench_size(
                 pool.map(lambda _: post(f"{server.url}/status/sync", body), range(CONCURRENCY))
             )
             concurrent_s = time.perf_counter() - started
+        with server.peak_memory() as dra_peak:
+            dra_s, dra_answer = median_seconds(
+                lambda: post(f"{server.url}/status/sync", dra_body), repeat
+            )
         after_mb = server.memory_mb()
     local_license = encode(license.sync(decode_decorator_sync(license_body), settings).response)
 
@@ -345,6 +367,7 @@ def bench_size(
         ),
         Row(size, "common approach (json.loads + dicts)", common_s),
         Row(size, "/license/sync HTTP round trip", license_s),
+        Row(size, "a DRA class's HTTP round trip", dra_s, dra_peak.mb),
     ]
     print(f"[{size}] memory idle {idle_mb:.0f} MB, after the run {after_mb:.0f} MB", flush=True)
 
@@ -361,6 +384,21 @@ def bench_size(
             "free={free} maxFreePerNode={maxFreePerNode}".format(**expected["status"]),
         )
     )
+    checks.append(
+        (
+            f"{size}: the DRA class's answer over HTTP is its answer in process",
+            json.loads(dra_answer) == dra_expected and dra_expected["status"]["free"] > 0,
+            "free={free} maxFreePerNode={maxFreePerNode}".format(**dra_expected["status"]),
+        )
+    )
+    if size == "M":
+        checks.append(
+            (
+                "M: a DRA class's sync <= 1.5x a device-plugin class's (HTTP)",
+                dra_s <= 1.5 * http_s,
+                f"{dra_s / http_s:.2f}x",
+            )
+        )
     if size in ("M", "L"):
         checks.append(
             (

@@ -22,6 +22,7 @@ DRIVER = "gpu.nvidia.com"
 TENANT = "tenant-dra"
 CARDS = 4  # physical GPUs on the node, each published as a `gpu` and a `vfio` device
 SLICE = f"{GPU_NODE}-{DRIVER}"
+YOUNGER = f"{CLASS}-younger"
 
 
 def published(generation: int, tainted: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -51,11 +52,11 @@ def published(generation: int, tainted: tuple[int, ...] = ()) -> dict[str, Any]:
     }
 
 
-def dra_class() -> dict[str, Any]:
+def dra_class(name: str = CLASS) -> dict[str, Any]:
     return {
         "apiVersion": "cozystack.io/v1alpha1",
         "kind": "GPUClass",
-        "metadata": {"name": CLASS},
+        "metadata": {"name": name},
         "spec": {
             "dra": {"driver": DRIVER, "attributes": {"type": "vfio"}},
             "tolerations": [{"key": GPU_NODE_TAINT, "operator": "Exists"}],
@@ -131,7 +132,7 @@ def dra(cluster: Cluster, serving: None) -> Iterator[None]:
     )
     yield
     cluster.kubectl("delete", "namespace", TENANT, "--wait=true", "--timeout=180s")
-    cluster.kubectl("delete", "gpuclass", CLASS, "--ignore-not-found", "--wait=true")
+    cluster.kubectl("delete", "gpuclass", CLASS, YOUNGER, "--ignore-not-found", "--wait=true")
     cluster.kubectl("delete", "resourceslice", SLICE, "--ignore-not-found")
     cluster.kubectl("uncordon", GPU_NODE)
     cluster.kubectl(
@@ -165,6 +166,17 @@ def test_a_dra_class_follows_the_devices_the_scheduler_allocates(
     cluster.apply(published(1))
     at_rest = Shown(CARDS, CARDS, "True", "Ready")
     shows(cluster, CLASS, at_rest)
+
+    # A younger class of the same devices counts nothing and makes no DeviceClass.
+    cluster.apply(dra_class(YOUNGER))
+    conflict = Shown(0, 0, "False", "DeviceClassConflict")
+    shows(cluster, YOUNGER, conflict, exports_inventory=False)
+    assert status_condition(cluster, YOUNGER, "DeviceClassConflict") == (
+        "True",
+        "OlderClassHasDevices",
+    )
+    assert cluster.get("deviceclass", f"{YOUNGER}.gpuclass.cozystack.io") is None
+    cluster.kubectl("delete", "gpuclass", YOUNGER, "--wait=true")
 
     # Each claim takes one card: its gpu-N sibling is the same GPU, and counts as taken too.
     cluster.apply(vm_pod("vm-1"), vm_pod("vm-2"))

@@ -7,6 +7,7 @@ metrics endpoint of the serving pods exports it (scraped as the chart's ServiceM
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -57,14 +58,20 @@ class Shown:
 
 
 def row(cluster: Cluster, name: str) -> dict[str, str] | None:
-    """The row of `kubectl get gpuclasses` by its header: NAME RESOURCE DEVICECLASS FREE
-    MAXPERNODE READY AGE (no value holds a space)."""
+    """The row of `kubectl get gpuclasses`, by the header's columns: NAME RESOURCE DEVICECLASS
+    FREE MAXPERNODE READY AGE. kubectl aligns each column under its header and leaves a column
+    with no value blank (a device-plugin class's DEVICECLASS, a DRA class's RESOURCE)."""
     done = cluster.kubectl("get", "gpuclasses", name, check=False)
     lines = done.stdout.splitlines()
     if done.returncode != 0 or len(lines) != 2:
         return None
-    header, values = (line.split() for line in lines)
-    return dict(zip(header, values, strict=True)) if len(header) == len(values) else None
+    header, values = lines
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {
+        header[start:end].strip(): values[start:end].strip()
+        for start, end in zip(starts, ends, strict=True)
+    }
 
 
 def listed(cluster: Cluster, name: str) -> Shown | None:
