@@ -103,13 +103,32 @@ def device_class_selector(driver: str, attributes: Mapping[str, AttributeValue])
     return " && ".join(clauses)
 
 
-def is_candidate(device: Device, driver: str, wanted: Mapping[str, AttributeValue]) -> bool:
-    held = {qualified(driver, name): value for name, value in device.attributes.items()}
-    return all(
-        (attribute := held.get(qualified(driver, name))) is not None
-        and attribute_equals(attribute, value)
-        for name, value in wanted.items()
-    )
+Wanted = tuple[tuple[tuple[str, ...], AttributeValue], ...]
+
+
+def wanted_attributes(driver: str, attributes: Mapping[str, AttributeValue]) -> Wanted:
+    """Each of the class's equalities with the names a device may publish its attribute under:
+    qualified, and, in the driver's own domain, without the domain too."""
+    wanted = []
+    for name, value in attributes.items():
+        full = qualified(driver, name)
+        domain, _, short = full.rpartition("/")
+        wanted.append(((full, short) if domain == driver else (full,), value))
+    return tuple(wanted)
+
+
+def is_candidate(device: Device, wanted: Wanted) -> bool:
+    held = device.attributes
+    for names, value in wanted:
+        for name in names:
+            attribute = held.get(name)
+            if attribute is not None:
+                break
+        else:
+            return False
+        if not attribute_equals(attribute, value):
+            return False
+    return True
 
 
 def latest_pools(slices: Iterable[ResourceSlice], driver: str) -> tuple[
@@ -161,6 +180,8 @@ class _Unit:
 
 def _draws(device: Device) -> dict[tuple[str, str], Fraction]:
     """What the device draws, by (counter set, counter). Raises QuantityError."""
+    if not device.consumes_counters:
+        return {}
     drawn: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
     for consumption in device.consumes_counters:
         for counter, value in consumption.counters.items():
@@ -179,6 +200,7 @@ def compute_dra_capacity(
     tolerations = tuple(tolerations)
     slices = tuple(slices)
     invalid: list[InvalidObject] = []
+    wanted = wanted_attributes(driver, attributes)
     pools, incomplete = latest_pools(slices, driver)
     taken = taken_devices(claims, driver)
     units: dict[tuple[str, str], _Unit] = {}
@@ -204,12 +226,14 @@ def compute_dra_capacity(
         for resource_slice, device, drawn in devices:
             bus = device.attributes.get(PCI_BUS_ID)
             unit_key = (pool, bus.string) if bus is not None and bus.string else (pool, device.name)
-            unit = units.setdefault(unit_key, _Unit(resource_slice.node_of(device) or ""))
-            if (pool, device.name) in taken:
-                unit.taken = True
-            if is_candidate(device, driver, attributes):
+            unit = units.get(unit_key)
+            if unit is None:
+                unit = units[unit_key] = _Unit(resource_slice.node_of(device) or "")
+            held = (pool, device.name) in taken
+            unit.taken = unit.taken or held
+            if is_candidate(device, wanted):
                 unit.candidate = True
-                if not untolerated(device, tolerations) and (pool, device.name) not in taken:
+                if not held and not untolerated(device, tolerations):
                     unit.usable = unit.usable or all(v <= left[k] for k, v in drawn.items())
     candidate_units = [u for u in units.values() if u.candidate]
     why_not = {node.metadata.name: ineligibility(node, tolerations) for node in nodes}
