@@ -27,11 +27,11 @@ from hooks.controllers.licensing import (
 )
 from hooks.rules.capacity import Capacity, compute_capacity
 from hooks.rules.class_status import ClassFacts, DraFacts, class_conditions, settle
-from hooks.rules.classes import class_identity, older_class_with_resource
+from hooks.rules.classes import class_identity, dra_selector, older_class_with_resource
 from hooks.rules.conditions import DEVICE_CLASS_CONFLICT, invalid_spec_condition
-from hooks.rules.dra import DraCapacity, compute_dra_capacity, device_class_selector
+from hooks.rules.dra import DraCapacity, compute_dra_capacity
 from hooks.rules.invalid import InvalidObject
-from hooks.rules.license import copy_name
+from hooks.rules.license import LicensePlan, copy_name
 from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView
 from hooks.rules.resource_labels import LABELLED, resource_label
 from hooks.settings import Settings
@@ -227,12 +227,12 @@ def _related(
     if spec.dra is not None:
         if not settings.dra_api:
             return _DraRelated(classes)
-        wanted = (NODES, RESOURCE_SLICES, RESOURCE_CLAIMS, DEVICE_CLASSES)
-        present = [groups.get(key) for key in wanted]
-        if any(group is None for group in present):
+        nodes, slices, claims, device_classes = (
+            groups.get(key) for key in (NODES, RESOURCE_SLICES, RESOURCE_CLAIMS, DEVICE_CLASSES)
+        )
+        if nodes is None or slices is None or claims is None or device_classes is None:
             return None
-        nodes, slices, claims, device_classes = present
-        return _DraRelated(classes, nodes, slices, claims, device_classes)  # type: ignore[arg-type]
+        return _DraRelated(classes, nodes, slices, claims, device_classes)
     nodes = groups.get(NODES)
     pods = groups.get(PODS)
     if nodes is None or pods is None:
@@ -248,11 +248,7 @@ def device_class_child(class_name: str, dra: DraSpec) -> DeviceClassChild:
     return DeviceClassChild(
         metadata=ChildMeta(name=device_class_name(class_name), labels={CLASS_LABEL: class_name}),
         spec=DeviceClassSpec(
-            selectors=[
-                DeviceSelector(
-                    cel=CelSelector(expression=device_class_selector(dra.driver, dra.attributes))
-                )
-            ]
+            selectors=[DeviceSelector(cel=CelSelector(expression=dra_selector(dra)))]
         ),
     )
 
@@ -374,25 +370,16 @@ def _computed(
     previous: tuple[Condition, ...],
     now: datetime,
 ) -> StatusOutcome:
-    name = parent.metadata.name
-    resource = spec.budget_name(name)
+    resource = spec.budget_name(parent.metadata.name)
     classes = related.classes.objects
-    older = older_class_with_resource(class_identity(parent), map(class_identity, classes))
     capacity = compute_capacity(
         related.nodes.objects, related.pods.objects, resource, spec.tolerations
     )
     plan = None
     if spec.license is not None and related.license is not None:
         plan = plan_for(parent, spec.license, related.license, settings)
-    facts = ClassFacts(
-        resource=resource,
-        older_class=older.name if older else None,
-        kubevirt=view,
-        previous=previous,
-        generation=parent.metadata.generation,
-        advertised=capacity.advertised,
-        license=plan,
-        copy_name=copy_name(name),
+    facts = _facts(
+        parent, resource, classes, view, previous, advertised=capacity.advertised, license=plan
     )
     invalid = [
         *_group_invalid("Node", related.nodes),
@@ -415,6 +402,33 @@ def _computed(
     return _outcome(parent, facts, capacity, classes, [], invalid, counts, now)
 
 
+def _facts(
+    parent: GPUClass,
+    resource: str,
+    classes: list[GPUClass],
+    view: KubeVirtView,
+    previous: tuple[Condition, ...],
+    *,
+    advertised: bool,
+    license: LicensePlan | None = None,
+    dra: DraFacts | None = None,
+) -> ClassFacts:
+    """What the deciders read, for either kind of class: the older class it competes with is
+    found the same way for both."""
+    older = older_class_with_resource(class_identity(parent), map(class_identity, classes))
+    return ClassFacts(
+        resource=resource,
+        older_class=older.name if older else None,
+        kubevirt=view,
+        previous=previous,
+        generation=parent.metadata.generation,
+        advertised=advertised,
+        license=license,
+        copy_name=copy_name(parent.metadata.name),
+        dra=dra,
+    )
+
+
 def is_foreign(device_class: DeviceClass, parent: GPUClass) -> bool:
     """A DeviceClass the class did not create: Metacontroller makes the class its owner."""
     return not any(
@@ -434,7 +448,6 @@ def _computed_dra(
 ) -> StatusOutcome:
     name = parent.metadata.name
     classes = related.classes.objects
-    older = older_class_with_resource(class_identity(parent), map(class_identity, classes))
     device_class = device_class_name(name)
     foreign = any(
         d.metadata.name == device_class and is_foreign(d, parent)
@@ -448,24 +461,21 @@ def _computed_dra(
         dra.attributes,
         spec.tolerations,
     )
-    facts = ClassFacts(
-        resource=device_class,
-        older_class=older.name if older else None,
-        kubevirt=view,
-        previous=previous,
-        generation=parent.metadata.generation,
-        advertised=capacity.publishing,
-        license=None,
-        copy_name=copy_name(name),
+    facts = _facts(
+        parent,
+        device_class,
+        classes,
+        view,
+        previous,
+        advertised=capacity.publishing,  # a DRA class's devices are advertised in slices
         dra=DraFacts(
             driver=dra.driver,
             api_served=settings.dra_api,
             foreign_device_class=foreign,
-            publishing=capacity.publishing,
             incomplete_pools=capacity.incomplete_pools,
         ),
     )
-    owns_device_class = settings.dra_api and older is None and not foreign
+    owns_device_class = settings.dra_api and facts.older_class is None and not foreign
     invalid = [
         *_group_invalid("Node", related.nodes),
         *_group_invalid("ResourceSlice", related.slices),

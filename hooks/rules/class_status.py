@@ -52,7 +52,6 @@ class DraFacts:
     driver: str
     api_served: bool  # the API server serves resource.k8s.io/v1 (the chart says)
     foreign_device_class: bool  # a DeviceClass of the class's name that it did not create
-    publishing: bool  # some ResourceSlice of the driver exists
     incomplete_pools: tuple[str, ...]
 
 
@@ -66,7 +65,7 @@ class ClassFacts:
     kubevirt: KubeVirtView
     previous: tuple[Condition, ...]  # the conditions of the current status
     generation: int
-    advertised: bool  # some node lists the resource in status.capacity
+    advertised: bool  # some node lists the resource in status.capacity (DRA: some slice exists)
     license: LicensePlan | None  # the license plan; None for a class that names no license
     copy_name: str  # the name of the class's license copies
     dra: DraFacts | None = None
@@ -118,7 +117,7 @@ def _dra_enabled(facts: ClassFacts) -> Decided | None:
 def _driver_publishing(facts: ClassFacts) -> Decided | None:
     if facts.dra is None:
         return None
-    return driver_publishing_condition(facts.dra.driver, facts.dra.publishing)
+    return driver_publishing_condition(facts.dra.driver, facts.advertised)
 
 
 def _pools_complete(facts: ClassFacts) -> Decided | None:

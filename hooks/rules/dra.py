@@ -198,7 +198,6 @@ def compute_dra_capacity(
     tolerations: Iterable[TolerationLike],
 ) -> DraCapacity:
     tolerations = tuple(tolerations)
-    slices = tuple(slices)
     invalid: list[InvalidObject] = []
     wanted = wanted_attributes(driver, attributes)
     pools, incomplete = latest_pools(slices, driver)
@@ -248,7 +247,7 @@ def compute_dra_capacity(
         return DraNode(name, reason, len(held), taken_units, free)
 
     return DraCapacity(
-        publishing=any(s.spec.driver == driver for s in slices),
+        publishing=bool(pools or incomplete),
         incomplete_pools=tuple(incomplete),
         nodes=tuple(
             summed(name, why_not.get(name, "not a known node"))

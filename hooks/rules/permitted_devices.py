@@ -4,6 +4,7 @@ permittedHostDevices, a DRA class's through its GPUsWithDRA feature gate."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hooks.rules.conditions import (
@@ -44,42 +45,52 @@ def permitted_resources(kubevirt: KubeVirt) -> frozenset[str]:
     )
 
 
-def permission_condition(
-    resource: str, view: KubeVirtView, previous: Condition | None, generation: int
+def kubevirt_condition(
+    kind: str,
+    view: KubeVirtView,
+    previous: Condition | None,
+    generation: int,
+    found: Callable[[KubeVirtFound], DecidedCondition],
 ) -> DecidedCondition | Condition:
-    """ResourceNameNotPermitted. When KubeVirt cannot be read, a previous condition of the current
+    """A condition read from the KubeVirt CR: `found` decides it from the CR; a CR that does not
+    exist makes it True. When KubeVirt cannot be read, a previous condition of the current
     generation is kept exactly as it was (a flaky API server must not flap the class); without
     one the answer is Unknown."""
     if isinstance(view, KubeVirtFound):
-        if resource in permitted_resources(view.kubevirt):
+        return found(view)
+    if isinstance(view, KubeVirtAbsent):
+        return DecidedCondition(
+            kind, "True", "KubeVirtNotFound", f"KubeVirt {view.location} does not exist"
+        )
+    if previous is not None and previous.observed_generation == generation:
+        return previous
+    return DecidedCondition(
+        kind, "Unknown", "KubeVirtUnreadable", f"KubeVirt could not be read: {view.detail}"
+    )
+
+
+def permission_condition(
+    resource: str, view: KubeVirtView, previous: Condition | None, generation: int
+) -> DecidedCondition | Condition:
+    """ResourceNameNotPermitted: whether KubeVirt's permittedHostDevices list the resource."""
+
+    def permitted(found: KubeVirtFound) -> DecidedCondition:
+        if resource in permitted_resources(found.kubevirt):
             return DecidedCondition(
                 RESOURCE_NAME_NOT_PERMITTED,
                 "False",
                 "Permitted",
-                f"{resource} is in the permittedHostDevices of KubeVirt {view.location}",
+                f"{resource} is in the permittedHostDevices of KubeVirt {found.location}",
             )
         return DecidedCondition(
             RESOURCE_NAME_NOT_PERMITTED,
             "True",
             "NotInPermittedHostDevices",
             f"{resource} is in neither pciHostDevices nor mediatedDevices of the "
-            f"permittedHostDevices of KubeVirt {view.location}",
+            f"permittedHostDevices of KubeVirt {found.location}",
         )
-    if isinstance(view, KubeVirtAbsent):
-        return DecidedCondition(
-            RESOURCE_NAME_NOT_PERMITTED,
-            "True",
-            "KubeVirtNotFound",
-            f"KubeVirt {view.location} does not exist",
-        )
-    if previous is not None and previous.observed_generation == generation:
-        return previous
-    return DecidedCondition(
-        RESOURCE_NAME_NOT_PERMITTED,
-        "Unknown",
-        "KubeVirtUnreadable",
-        f"KubeVirt could not be read: {view.detail}",
-    )
+
+    return kubevirt_condition(RESOURCE_NAME_NOT_PERMITTED, view, previous, generation, permitted)
 
 
 GPUS_WITH_DRA = "GPUsWithDRA"
@@ -111,32 +122,23 @@ def dra_enabled_condition(
     api_served: bool, view: KubeVirtView, previous: Condition | None, generation: int
 ) -> DecidedCondition | Condition:
     """DRANotEnabled: the API server must serve resource.k8s.io/v1 and KubeVirt must have
-    GPUsWithDRA on. An unreadable KubeVirt keeps the previous condition as for permissions."""
+    GPUsWithDRA on."""
     if not api_served:
         return DecidedCondition(
             DRA_NOT_ENABLED,
             "True",
             "APINotServed",
             "the API server did not serve resource.k8s.io/v1 when the hooks were installed "
-            "(draApi in the chart)",
+            "(dra.api in the chart)",
         )
-    if isinstance(view, KubeVirtFound):
-        enabled, why = gpus_with_dra(view.kubevirt)
+
+    def gate(found: KubeVirtFound) -> DecidedCondition:
+        enabled, why = gpus_with_dra(found.kubevirt)
         return DecidedCondition(
             DRA_NOT_ENABLED,
             "False" if enabled else "True",
             "Enabled" if enabled else "GPUsWithDRAOff",
-            f"KubeVirt {view.location}: {why}",
+            f"KubeVirt {found.location}: {why}",
         )
-    if isinstance(view, KubeVirtAbsent):
-        return DecidedCondition(
-            DRA_NOT_ENABLED, "True", "KubeVirtNotFound", f"KubeVirt {view.location} does not exist"
-        )
-    if previous is not None and previous.observed_generation == generation:
-        return previous
-    return DecidedCondition(
-        DRA_NOT_ENABLED,
-        "Unknown",
-        "KubeVirtUnreadable",
-        f"KubeVirt could not be read: {view.detail}",
-    )
+
+    return kubevirt_condition(DRA_NOT_ENABLED, view, previous, generation, gate)

@@ -14,7 +14,7 @@ import pytest
 
 from hooks.rules.dra import PCI_BUS_ID
 from tests.e2e.cluster import GPU_NODE, GPU_NODE_TAINT, Cluster, wait_for
-from tests.e2e.test_gpus import Shown, row, shows, status_condition
+from tests.e2e.test_gpus import Shown, gpu_class, row, shows, status_condition
 
 CLASS = "a10-vfio"
 DEVICE_CLASS = f"{CLASS}.gpuclass.cozystack.io"
@@ -53,15 +53,7 @@ def published(generation: int, tainted: tuple[int, ...] = ()) -> dict[str, Any]:
 
 
 def dra_class(name: str = CLASS) -> dict[str, Any]:
-    return {
-        "apiVersion": "cozystack.io/v1alpha1",
-        "kind": "GPUClass",
-        "metadata": {"name": name},
-        "spec": {
-            "dra": {"driver": DRIVER, "attributes": {"type": "vfio"}},
-            "tolerations": [{"key": GPU_NODE_TAINT, "operator": "Exists"}],
-        },
-    }
+    return gpu_class(name, dra={"driver": DRIVER, "attributes": {"type": "vfio"}})
 
 
 def vm_pod(name: str) -> dict[str, Any]:

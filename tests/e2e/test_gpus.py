@@ -370,15 +370,13 @@ def test_a_node_whose_kubelet_stopped_counts_nothing_until_it_is_back(
     shows(cluster, CLASS, AT_REST)
 
 
-def gpu_class(name: str, resource: str) -> dict[str, Any]:
+def gpu_class(name: str, **backing: Any) -> dict[str, Any]:
+    """A class tolerating the GPU node's taint, backed by `resourceName` or `dra`."""
     return {
         "apiVersion": "cozystack.io/v1alpha1",
         "kind": "GPUClass",
         "metadata": {"name": name},
-        "spec": {
-            "resourceName": resource,
-            "tolerations": [{"key": GPU_NODE_TAINT, "operator": "Exists"}],
-        },
+        "spec": {**backing, "tolerations": [{"key": GPU_NODE_TAINT, "operator": "Exists"}]},
     }
 
 
@@ -387,7 +385,11 @@ def test_a_younger_class_of_the_same_resource_and_a_resource_kubevirt_does_not_p
 ) -> None:
     """Scenario 5, and `plan` on a dump of the cluster agreeing with the live status of every
     class, with a pod holding a device."""
-    cluster.apply(gpu_class("l40s-younger", GPU), gpu_class("l40s-24q", VGPU), gpu_pod("vm-d", 1))
+    cluster.apply(
+        gpu_class("l40s-younger", resourceName=GPU),
+        gpu_class("l40s-24q", resourceName=VGPU),
+        gpu_pod("vm-d", 1),
+    )
     running(cluster, "vm-d")
     conflict = Shown(0, 0, "False", "ResourceNameConflict")
     shows(cluster, "l40s-younger", conflict, exports_inventory=False)
