@@ -59,6 +59,13 @@ class Settings(BaseSettings):
         "ResourceClaims and their DeviceClass only then (off, they say `DRANotEnabled`)",
         chart="dra.api",
     )
+    dra_device_taint_rules: bool = setting(
+        False,
+        "the API server serves DeviceTaintRules (`resource.k8s.io/v1beta2`, gate "
+        "`DRADeviceTaintRules`): DRA classes relate them and leave out the devices they taint "
+        "(off, only the slices' own taints count)",
+        chart="dra.deviceTaintRules",
+    )
     kubevirt_namespace: str = setting(
         "cozy-kubevirt",
         "namespace of the KubeVirt CR",

@@ -49,6 +49,8 @@ from controlplane import start as start_process
 
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
+# The whole control plane agrees on it, as a cluster turning the gate on would.
+DEVICE_TAINT_RULES_GATE = "DRADeviceTaintRules=true"
 API_SERVICE_IP = "10.96.0.1"
 DNS_SERVICE_IP = "10.96.0.10"
 ADMIN_TOKEN = "e2e-admin-token"
@@ -560,6 +562,9 @@ def start_control_plane(cluster: Cluster) -> None:
             f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'kubelet-client.key'}",
             "--kubelet-preferred-address-types=InternalIP",
+            # DeviceTaintRules, beta and off by default: DRA classes read them where served.
+            "--runtime-config=resource.k8s.io/v1beta2=true",
+            f"--feature-gates={DEVICE_TAINT_RULES_GATE}",
         ),
     )
     start(cluster, "kube-apiserver", *api_server.command())
@@ -584,6 +589,7 @@ def start_control_plane(cluster: Cluster) -> None:
         f"--cluster-cidr={CLUSTER_CIDR}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--controllers=*,-nodeipam",
+        f"--feature-gates={DEVICE_TAINT_RULES_GATE}",
     )
     start(
         cluster,
@@ -594,6 +600,7 @@ def start_control_plane(cluster: Cluster) -> None:
         f"--authorization-kubeconfig={cluster.kubeconfig}",
         "--bind-address=127.0.0.1",
         "--leader-elect=false",
+        f"--feature-gates={DEVICE_TAINT_RULES_GATE}",
     )
 
 

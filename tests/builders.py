@@ -300,6 +300,26 @@ def claim(
     }
 
 
+def taint_rule(
+    name: str,
+    selector: dict[str, str] | None,
+    *,
+    effect: str = "NoSchedule",
+    key: str = "maintenance",
+) -> dict[str, Any]:
+    """A DeviceTaintRule as an administrator writes it: `selector` holds the set fields of its
+    deviceSelector (driver, pool, device); None leaves the selector out."""
+    spec: dict[str, Any] = {"taint": {"key": key, "effect": effect}}
+    if selector is not None:
+        spec["deviceSelector"] = selector
+    return {
+        "apiVersion": "resource.k8s.io/v1beta2",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
 def dra_class(name: str, attributes: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """A DRA class of the driver's vfio devices (or these attributes)."""
     dra = {"driver": DRIVER, "attributes": attributes or {"type": "vfio"}}
@@ -314,8 +334,10 @@ def dra_sync_request(
     claims: list[dict[str, Any]] = (),  # type: ignore[assignment]
     device_classes: list[dict[str, Any]] = (),  # type: ignore[assignment]
     classes: list[dict[str, Any]] | None = None,
+    taint_rules: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A DRA class's sync request, with the groups its customize asks for."""
+    """A DRA class's sync request, with the groups its customize asks for (DeviceTaintRules only
+    when given: the customize asks for them only where they are served)."""
     request = status_sync_request(parent, nodes=nodes, classes=classes)
     del request["related"]["Pod.v1"]
     request["related"] |= {
@@ -323,6 +345,8 @@ def dra_sync_request(
         "ResourceClaim.resource.k8s.io/v1": keyed(list(claims)),
         "DeviceClass.resource.k8s.io/v1": keyed(list(device_classes)),
     }
+    if taint_rules is not None:
+        request["related"]["DeviceTaintRule.resource.k8s.io/v1beta2"] = keyed(taint_rules)
     return request
 
 

@@ -213,6 +213,9 @@ def control_plane(workdir: Path) -> Iterator[ControlPlane]:
                 extra=(
                     f"--cert-dir={workdir / 'certs'}",
                     "--disable-admission-plugins=ServiceAccount",
+                    # DeviceTaintRules, beta and off by default: DRA classes read them where served.
+                    "--runtime-config=resource.k8s.io/v1beta2=true",
+                    "--feature-gates=DRADeviceTaintRules=true",
                 ),
             ).command(),
             api_log,

@@ -36,6 +36,7 @@ from hooks.rules.permitted_devices import KubeVirtUnreadable, KubeVirtView
 from hooks.rules.resource_labels import LABELLED, resource_label
 from hooks.settings import Settings
 from hooks.wire.dra import (
+    DEVICE_TAINT_RULES_API_VERSION,
     DRA_API_VERSION,
     CelSelector,
     ChildMeta,
@@ -55,6 +56,7 @@ from hooks.wire.gpuclass import (
 from hooks.wire.kube import Condition, GPUClass
 from hooks.wire.metacontroller import (
     DEVICE_CLASSES,
+    DEVICE_TAINT_RULES,
     GPUCLASS_API_VERSION,
     GPUCLASSES,
     NODES,
@@ -141,11 +143,15 @@ def labelled_rules(
 
 def dra_rules(class_name: str, settings: Settings) -> list[RelatedRule]:
     """A DRA class's devices: the Nodes the configured selector picks, every ResourceSlice and
-    ResourceClaim, and the DeviceClass of its name (whoever made it); nothing where the API server
-    does not serve DRA."""
+    ResourceClaim, every DeviceTaintRule where the API server serves them, and the DeviceClass of
+    its name (whoever made it); nothing where the API server does not serve DRA."""
     if not settings.dra_api:
         return []
+    taint_rules = [
+        RelatedRule(api_version=DEVICE_TAINT_RULES_API_VERSION, resource="devicetaintrules")
+    ]
     return [
+        *(taint_rules if settings.dra_device_taint_rules else []),
         *labelled_rules("nodes", settings.node_label_selector, None),
         RelatedRule(api_version=DRA_API_VERSION, resource="resourceslices"),
         RelatedRule(api_version=DRA_API_VERSION, resource="resourceclaims"),
@@ -213,6 +219,7 @@ class _DraRelated:
     slices: DecodedGroup = NOTHING
     claims: DecodedGroup = NOTHING
     device_classes: DecodedGroup = NOTHING
+    taint_rules: DecodedGroup = NOTHING
 
 
 def _related(
@@ -232,7 +239,10 @@ def _related(
         )
         if nodes is None or slices is None or claims is None or device_classes is None:
             return None
-        return _DraRelated(classes, nodes, slices, claims, device_classes)
+        taint_rules = groups.get(DEVICE_TAINT_RULES) if settings.dra_device_taint_rules else NOTHING
+        if taint_rules is None:
+            return None
+        return _DraRelated(classes, nodes, slices, claims, device_classes, taint_rules)
     nodes = groups.get(NODES)
     pods = groups.get(PODS)
     if nodes is None or pods is None:
@@ -460,6 +470,7 @@ def _computed_dra(
         dra.driver,
         dra.attributes,
         spec.tolerations,
+        related.taint_rules.objects,
     )
     facts = _facts(
         parent,
@@ -481,6 +492,7 @@ def _computed_dra(
         *_group_invalid("ResourceSlice", related.slices),
         *_group_invalid("ResourceClaim", related.claims),
         *_group_invalid("DeviceClass", related.device_classes),
+        *_group_invalid("DeviceTaintRule", related.taint_rules),
         *_group_invalid("GPUClass", related.classes),
         *capacity.invalid,
     ]
@@ -489,6 +501,7 @@ def _computed_dra(
         "eligible_nodes": sum(1 for n in capacity.nodes if n.eligible),
         "slices": len(related.slices.objects),
         "claims": len(related.claims.objects),
+        "taint_rules": len(related.taint_rules.objects),
     }
     children = [device_class_child(name, dra)] if owns_device_class else []
     return _outcome(parent, facts, capacity, classes, children, invalid, counts, now)

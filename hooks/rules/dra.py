@@ -9,8 +9,8 @@ classes"; the steps are numbered as there).
 4. Units: devices of one pool sharing `resource.kubernetes.io/pciBusID` are one unit; a unit is
    free only when none of its devices is taken. A device drawing on shared counters is free only
    while what it draws still fits what its counter set has left after the taken devices.
-5. Device taints with effect NoSchedule or NoExecute exclude a device unless the class tolerates
-   them.
+5. Device taints with effect NoSchedule or NoExecute, the slice's own and those of the
+   DeviceTaintRules that select the device, exclude it unless the class tolerates them.
 6. A device's node is its slice's or its own; the node rules of device-plugin classes apply. A
    device several nodes reach counts in `free` and on no node.
 7. `free` is the sum over units; `maxFreePerNode` the best node's.
@@ -27,8 +27,15 @@ from fractions import Fraction
 from hooks.rules.invalid import InvalidObject
 from hooks.rules.quantity import QuantityError, parse_quantity
 from hooks.rules.scheduling import EXCLUDING_EFFECTS, TolerationLike, ineligibility, tolerates
-from hooks.wire.dra import Device, DeviceAttribute, ResourceClaim, ResourceSlice
-from hooks.wire.kube import Node
+from hooks.wire.dra import (
+    Device,
+    DeviceAttribute,
+    DeviceTaintRule,
+    DeviceTaintSelector,
+    ResourceClaim,
+    ResourceSlice,
+)
+from hooks.wire.kube import Node, Taint
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 AttributeValue = str | int
@@ -163,11 +170,34 @@ def taken_devices(claims: Iterable[ResourceClaim], driver: str) -> set[tuple[str
     }
 
 
-def untolerated(device: Device, tolerations: tuple[TolerationLike, ...]) -> bool:
+def untolerated(taints: Iterable[Taint], tolerations: tuple[TolerationLike, ...]) -> bool:
     return any(
         taint.effect in EXCLUDING_EFFECTS and not any(tolerates(t, taint) for t in tolerations)
-        for taint in device.taints
+        for taint in taints
     )
+
+
+def driver_rules(
+    rules: Iterable[DeviceTaintRule], driver: str
+) -> list[tuple[DeviceTaintSelector, Taint]]:
+    """The rules that may select devices of the driver: a rule without a selector selects none."""
+    return [
+        (rule.spec.device_selector, rule.spec.taint)
+        for rule in rules
+        if rule.spec.device_selector is not None
+        and rule.spec.device_selector.driver in (None, driver)
+    ]
+
+
+def ruled_taints(
+    rules: list[tuple[DeviceTaintSelector, Taint]], pool: str, device: str
+) -> list[Taint]:
+    """The taints of the rules whose every set field names the device's pool and name."""
+    return [
+        taint
+        for selector, taint in rules
+        if selector.pool in (None, pool) and selector.device in (None, device)
+    ]
 
 
 @dataclass
@@ -196,8 +226,10 @@ def compute_dra_capacity(
     driver: str,
     attributes: Mapping[str, AttributeValue],
     tolerations: Iterable[TolerationLike],
+    taint_rules: Iterable[DeviceTaintRule] = (),
 ) -> DraCapacity:
     tolerations = tuple(tolerations)
+    rules = driver_rules(taint_rules, driver)
     invalid: list[InvalidObject] = []
     wanted = wanted_attributes(driver, attributes)
     pools, incomplete = latest_pools(slices, driver)
@@ -232,7 +264,10 @@ def compute_dra_capacity(
             unit.taken = unit.taken or held
             if is_candidate(device, wanted):
                 unit.candidate = True
-                if not held and not untolerated(device, tolerations):
+                taints = device.taints
+                if rules:
+                    taints = [*taints, *ruled_taints(rules, pool, device.name)]
+                if not held and not untolerated(taints, tolerations):
                     unit.usable = unit.usable or all(v <= left[k] for k, v in drawn.items())
     candidate_units = [u for u in units.values() if u.candidate]
     why_not = {node.metadata.name: ineligibility(node, tolerations) for node in nodes}

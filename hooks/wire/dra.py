@@ -13,6 +13,8 @@ import msgspec
 from hooks.wire.kube import NameOnlyMeta, ObjectMeta, Taint, _Wire, is_absent
 
 DRA_API_VERSION = "resource.k8s.io/v1"
+# DeviceTaintRules are beta (off by default) while the rest of DRA is GA.
+DEVICE_TAINT_RULES_API_VERSION = "resource.k8s.io/v1beta2"
 
 
 class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int"}):
@@ -110,6 +112,27 @@ class ResourceClaim(_Wire, frozen=True):
 
     metadata: NameOnlyMeta = NameOnlyMeta()
     status: ResourceClaimStatus = ResourceClaimStatus()
+
+
+class DeviceTaintSelector(_Wire, frozen=True):
+    """Which devices a rule taints: those of every field that is set (none set: every device)."""
+
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class DeviceTaintRuleSpec(_Wire, frozen=True):
+    # Without a selector a rule taints no device.
+    device_selector: DeviceTaintSelector | None = None
+    taint: Taint = Taint()
+
+
+class DeviceTaintRule(_Wire, frozen=True):
+    """A taint an administrator puts on devices, as if their driver had published it."""
+
+    metadata: NameOnlyMeta = NameOnlyMeta()
+    spec: DeviceTaintRuleSpec = DeviceTaintRuleSpec()
 
 
 class DeviceClass(_Wire, frozen=True):

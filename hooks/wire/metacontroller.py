@@ -14,7 +14,14 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from hooks.wire.cozystack import HelmRelease
-from hooks.wire.dra import DRA_API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
+from hooks.wire.dra import (
+    DEVICE_TAINT_RULES_API_VERSION,
+    DRA_API_VERSION,
+    DeviceClass,
+    DeviceTaintRule,
+    ResourceClaim,
+    ResourceSlice,
+)
 from hooks.wire.kube import (
     Condition,
     ConfigMap,
@@ -49,6 +56,7 @@ INSTANCE_TYPES = f"VirtualMachineClusterInstancetype.{INSTANCE_TYPES_API_VERSION
 RESOURCE_SLICES = f"ResourceSlice.{DRA_API_VERSION}"
 RESOURCE_CLAIMS = f"ResourceClaim.{DRA_API_VERSION}"
 DEVICE_CLASSES = f"DeviceClass.{DRA_API_VERSION}"
+DEVICE_TAINT_RULES = f"DeviceTaintRule.{DEVICE_TAINT_RULES_API_VERSION}"
 
 RawGroups = dict[str, dict[str, msgspec.Raw]]
 
@@ -220,6 +228,13 @@ RELATED_KINDS = (
         DRA_API_VERSION, "ResourceClaim", "resourceclaims", RESOURCE_CLAIMS, ResourceClaim, True
     ),
     RelatedKind(DRA_API_VERSION, "DeviceClass", "deviceclasses", DEVICE_CLASSES, DeviceClass),
+    RelatedKind(
+        DEVICE_TAINT_RULES_API_VERSION,
+        "DeviceTaintRule",
+        "devicetaintrules",
+        DEVICE_TAINT_RULES,
+        DeviceTaintRule,
+    ),
 )
 # The kinds the hooks read, by group key; any other group is skipped unread.
 GROUP_KINDS: dict[str, type] = {related.group_key: related.type for related in RELATED_KINDS}
@@ -234,6 +249,9 @@ class _TypedGroups(msgspec.Struct):
     slices: dict[str, ResourceSlice] | None = msgspec.field(default=None, name=RESOURCE_SLICES)
     claims: dict[str, ResourceClaim] | None = msgspec.field(default=None, name=RESOURCE_CLAIMS)
     device_classes: dict[str, DeviceClass] | None = msgspec.field(default=None, name=DEVICE_CLASSES)
+    taint_rules: dict[str, DeviceTaintRule] | None = msgspec.field(
+        default=None, name=DEVICE_TAINT_RULES
+    )
 
     def as_groups(self) -> dict[str, DecodedGroup]:
         present = {
@@ -245,6 +263,7 @@ class _TypedGroups(msgspec.Struct):
             RESOURCE_SLICES: self.slices,
             RESOURCE_CLAIMS: self.claims,
             DEVICE_CLASSES: self.device_classes,
+            DEVICE_TAINT_RULES: self.taint_rules,
         }
         return {k: DecodedGroup(list(v.values()), []) for k, v in present.items() if v is not None}
 

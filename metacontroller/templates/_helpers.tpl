@@ -45,6 +45,21 @@ whose kinds it cannot find.
 {{- end -}}
 
 {{/*
+Whether DRA classes relate DeviceTaintRules: dra.deviceTaintRules when set, else whether the API
+server served them at render; never without DRA itself. Relating a kind the API server does not
+serve would stop the status controller's syncs of DRA classes.
+*/}}
+{{- define "gpuclass-hooks.draDeviceTaintRules" -}}
+{{- if ne (include "gpuclass-hooks.draApi" .) "true" -}}
+false
+{{- else if kindIs "bool" .Values.dra.deviceTaintRules -}}
+{{- .Values.dra.deviceTaintRules -}}
+{{- else -}}
+{{- .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2/DeviceTaintRule" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 A checksum of every setting that shapes customize answers. Appended to the hook URLs, it changes
 the controllers' spec when a setting changes, so Metacontroller drops its cached customize answers
 (kept 20 minutes per parent generation) instead of syncing against rules built from old settings.
@@ -54,6 +69,7 @@ The service ignores the query parameter.
 {{- $settings := dict
     "enabled" (include "gpuclass-hooks.gpuEnabled" .)
     "dra" (include "gpuclass-hooks.draApi" .)
+    "deviceTaintRules" (include "gpuclass-hooks.draDeviceTaintRules" .)
     "nodes" .Values.selectors.nodes
     "pods" .Values.selectors.pods
     "label" .Values.license.namespaceLabel

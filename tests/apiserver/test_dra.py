@@ -25,6 +25,7 @@ from tests.builders import (
     dra_sync_request,
     node,
     resource_slice,
+    taint_rule,
 )
 from tests.controlplane import ControlPlane
 
@@ -109,18 +110,22 @@ def listed(kube: ControlPlane, path: str) -> list[dict[str, Any]]:
     return [{"apiVersion": answer["apiVersion"], "kind": kind, **item} for item in answer["items"]]
 
 
-def synced_from_the_server(kube: ControlPlane) -> dict[str, Any]:
+TAINT_RULES = "/apis/resource.k8s.io/v1beta2/devicetaintrules"
+
+
+def synced_from_the_server(kube: ControlPlane, *, taint_rules: bool = False) -> dict[str, Any]:
     request = dra_sync_request(
         dra_class("a10"),
         nodes=[node("n1", gpus=None), node("n2", gpus=None)],
         slices=listed(kube, SLICES),
         claims=listed(kube, "/apis/resource.k8s.io/v1/resourceclaims"),
         device_classes=listed(kube, DEVICE_CLASSES),
+        taint_rules=listed(kube, TAINT_RULES) if taint_rules else None,
     )
     view = KubeVirtFound(as_wire({"status": {"observedKubeVirtVersion": "v1.9.0"}}, KubeVirt), "k")
     outcome = status.sync(
         decode_composite_sync(json.dumps(request).encode()),
-        Settings(),
+        Settings(dra_device_taint_rules=taint_rules),
         lambda: view,
         datetime(2026, 12, 1, tzinfo=UTC),
     )
@@ -135,7 +140,7 @@ def conditions(answer: dict[str, Any]) -> dict[str, tuple[str, str]]:
 @pytest.fixture
 def clean_dra(kube: ControlPlane) -> Iterator[None]:
     yield
-    for path in (SLICES, "/apis/resource.k8s.io/v1/resourceclaims", DEVICE_CLASSES):
+    for path in (SLICES, "/apis/resource.k8s.io/v1/resourceclaims", DEVICE_CLASSES, TAINT_RULES):
         for item in kube.request("GET", path).json()["items"]:
             meta = item["metadata"]
             where = claims_path(meta["namespace"]) if "namespace" in meta else path
@@ -173,3 +178,27 @@ def test_a_dra_class_counts_what_the_server_holds_through_every_condition(
     answer = synced_from_the_server(kube)
     assert conditions(answer)["DeviceClassConflict"] == ("True", "ForeignDeviceClass")
     assert answer["children"] == []
+
+
+@pytest.mark.tools
+@pytest.mark.usefixtures("clean_dra")
+def test_a_device_taint_rule_on_the_server_leaves_out_the_devices_it_selects(
+    kube: ControlPlane,
+) -> None:
+    """DeviceTaintRules as an administrator writes them to the beta API (the tests' API server
+    serves it, with the DRADeviceTaintRules gate): read through the status hook where served."""
+    n1 = resource_slice("n1", [device("vfio-0"), device("vfio-1")], node_name="n1")
+    n2 = resource_slice("n2", [device("vfio-0")], node_name="n2")
+    for made in (n1, n2):
+        assert kube.request("POST", SLICES, made).status_code == 201
+    rules = [
+        taint_rule("n1-vfio-1", {"driver": "gpu.nvidia.com", "pool": "n1", "device": "vfio-1"}),
+        taint_rule("inert", {}, effect="None"),
+        taint_rule("no-selector", None, effect="NoExecute"),
+    ]
+    for rule in rules:
+        created = kube.request("POST", TAINT_RULES, rule)
+        assert created.status_code == 201, created.text
+    answer = synced_from_the_server(kube, taint_rules=True)
+    assert (answer["status"]["free"], answer["status"]["maxFreePerNode"]) == (2, 1)
+    assert synced_from_the_server(kube)["status"]["free"] == 3

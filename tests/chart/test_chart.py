@@ -205,6 +205,9 @@ def test_settings_checksum_changes_hook_urls_when_customize_settings_change(
         after = {h["webhook"]["url"] for h in hooks_of(render(change)).values()}
         assert before.isdisjoint(after), change
     assert before == {h["webhook"]["url"] for h in hooks_of(render("replicas=3")).values()}
+    dra = {h["webhook"]["url"] for h in hooks_of(render("dra.api=true")).values()}
+    rules = render("dra.api=true", "dra.deviceTaintRules=true")
+    assert dra.isdisjoint(h["webhook"]["url"] for h in hooks_of(rules).values())
 
 
 def test_status_controller_shape(default_render: list[dict[str, Any]]) -> None:
@@ -243,6 +246,25 @@ def test_dra_classes_device_class_child_only_where_the_api_server_serves_dra() -
     told_off = render("dra.api=false", api_versions=served)
     assert one(told_off, "CompositeController")["spec"]["childResources"] == []
     assert env_of(told_off)["GPUCLASS_DRA_API"] == "false"
+
+
+def test_dra_classes_read_device_taint_rules_only_where_the_api_server_serves_them() -> None:
+    """A related kind the API server does not serve stops a DRA class's syncs: DeviceTaintRules
+    are read only where resource.k8s.io/v1beta2 serves them (or `dra.deviceTaintRules` says so),
+    and never without DRA itself."""
+    dra = (CERT_MANAGER, "resource.k8s.io/v1/DeviceClass")
+    rules = (*dra, "resource.k8s.io/v1beta2/DeviceTaintRule")
+    cases = [
+        ((), (CERT_MANAGER,), "false"),
+        ((), dra, "false"),
+        ((), rules, "true"),
+        (("dra.deviceTaintRules=false",), rules, "false"),
+        (("dra.api=true", "dra.deviceTaintRules=true"), (CERT_MANAGER,), "true"),
+        (("dra.api=false", "dra.deviceTaintRules=true"), rules, "false"),
+    ]
+    for sets, served, expected in cases:
+        documents = render(*sets, api_versions=served)
+        assert env_of(documents)["GPUCLASS_DRA_DEVICE_TAINT_RULES"] == expected, (sets, served)
 
 
 def decorator(documents: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -538,6 +560,7 @@ def test_every_setting_has_a_value(default_render: list[dict[str, Any]]) -> None
     assert env == {
         "GPUCLASS_ENABLED": "true",
         "GPUCLASS_DRA_API": "false",  # Helm's own list, without a cluster, has no DRA
+        "GPUCLASS_DRA_DEVICE_TAINT_RULES": "false",
         "GPUCLASS_KUBEVIRT_NAMESPACE": "cozy-kubevirt",
         "GPUCLASS_KUBEVIRT_NAME": "kubevirt",
         "GPUCLASS_NODE_SELECTOR": "",

@@ -392,6 +392,12 @@ MALFORMED = [
         {"metadata": {"name": "d", "ownerReferences": {}}},
         "metadata.ownerReferences",
     ),
+    (
+        "resource.k8s.io/v1beta2",
+        "DeviceTaintRule",
+        {"metadata": {"name": "r"}, "spec": {"deviceSelector": {"pool": 1}}},
+        "spec.deviceSelector.pool",
+    ),
 ]
 
 
@@ -892,3 +898,24 @@ def test_plan_of_a_dra_class_reads_slices_and_claims_as_its_sync_does(tmp_path: 
     table = run_plan(str(dump), "--explain", "a10").stdout
     assert "Nodes with devices of a10.gpuclass.cozystack.io for a10:" in table
     assert any(line.split()[:6] == ["n1", "yes", "-", "3", "1", "2"] for line in table.splitlines())
+
+
+def test_plan_of_a_dra_class_reads_device_taint_rules_where_they_are_served(
+    tmp_path: Path,
+) -> None:
+    """With GPUCLASS_DRA_DEVICE_TAINT_RULES on, a DeviceTaintRule in the dump leaves out the
+    devices it selects, as in the status hook; off, plan reads none, as the hook does."""
+    from tests.builders import DRIVER, taint_rule
+    from tests.controllers.test_status_dra import cluster as dra_cluster
+
+    request = dra_cluster()
+    objects = [obj for group in request["related"].values() for obj in group.values()]
+    objects.append(taint_rule("n1-maintenance", {"driver": DRIVER, "pool": "n1"}))
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    served = run_plan(str(dump), "-o", "json", env={"GPUCLASS_DRA_DEVICE_TAINT_RULES": "true"})
+    assert (served.returncode, served.stderr) == (0, "")
+    [planned] = json.loads(served.stdout)["classes"]
+    assert (planned["status"]["free"], planned["status"]["maxFreePerNode"]) == (1, 1)
+    [unread] = json.loads(run_plan(str(dump), "-o", "json").stdout)["classes"]
+    assert unread["status"]["free"] == 3

@@ -30,6 +30,7 @@ from tests.builders import (
     dra_sync_request,
     node,
     resource_slice,
+    taint_rule,
 )
 from tests.controllers.test_status import conditions, run
 
@@ -212,6 +213,37 @@ def test_customize_relates_slices_claims_and_its_device_class_only_for_a_dra_cla
     assert not [r for r in plugin if r["apiVersion"] == "resource.k8s.io/v1"]
     without_api = customize(Settings(dra_api=False), dra_class("a10"))
     assert [r["resource"] for r in without_api] == ["gpuclasses"]
+
+
+def test_customize_relates_device_taint_rules_only_where_they_are_served() -> None:
+    taint_rules = {"apiVersion": "resource.k8s.io/v1beta2", "resource": "devicetaintrules"}
+    assert taint_rules not in customize(Settings(), dra_class("a10"))
+    assert taint_rules in customize(Settings(dra_device_taint_rules=True), dra_class("a10"))
+    plugin = dra_class("a10", spec={"dra": None, "resourceName": "a/b"})
+    assert taint_rules not in customize(Settings(dra_device_taint_rules=True), plugin)
+
+
+def test_a_device_taint_rule_leaves_out_the_devices_it_selects_unless_tolerated() -> None:
+    rules = [taint_rule("n1-maintenance", {"driver": DRIVER, "pool": "n1"})]
+    response = dra_run(cluster(taint_rules=rules), dra_device_taint_rules=True)
+    assert (response["status"]["free"], response["status"]["maxFreePerNode"]) == (1, 1)
+    tolerant = dra_class(
+        "a10", spec={"tolerations": [{"key": "maintenance", "operator": "Exists"}]}
+    )
+    request = cluster(taint_rules=rules) | {"parent": tolerant}
+    assert dra_run(request, dra_device_taint_rules=True)["status"]["free"] == 3
+    # Where they are not served, no rule is read.
+    assert dra_run(cluster(), dra_device_taint_rules=False)["status"]["free"] == 3
+
+
+def test_a_sync_without_the_device_taint_rules_asked_for_keeps_the_status() -> None:
+    settled = dra_run(cluster(taint_rules=[]), dra_device_taint_rules=True)
+    parent = dra_class("a10")
+    parent["status"] = settled["status"]
+    response = dra_run(cluster() | {"parent": parent}, dra_device_taint_rules=True)
+    assert response["status"] == settled["status"]
+    assert response["children"] == settled["children"] != []
+    assert response["resyncAfterSeconds"] == status.STALE_RULES_RETRY_SECONDS
 
 
 def test_stale_related_groups_keep_the_device_class_the_class_owns() -> None:

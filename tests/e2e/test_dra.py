@@ -2,7 +2,8 @@
 writes the GPU node's devices through the API (this cluster's containerd has no CDI, so no
 kubelet plugin runs: docs/cluster.md), pods request claims of the class's DeviceClass, the real
 kube-scheduler allocates them, and the class's `kubectl get` row and metrics follow allocation,
-release, a cordon and a tainted device."""
+release, a cordon, a tainted device and an administrator's DeviceTaintRule (the cluster serves
+the beta API: testenv/cluster.py turns its gate on)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from hooks.rules.dra import PCI_BUS_ID
+from tests.builders import taint_rule
 from tests.e2e.cluster import GPU_NODE, GPU_NODE_TAINT, Cluster, wait_for
 from tests.e2e.test_gpus import Shown, gpu_class, row, shows, status_condition
 
@@ -23,6 +25,7 @@ TENANT = "tenant-dra"
 CARDS = 4  # physical GPUs on the node, each published as a `gpu` and a `vfio` device
 SLICE = f"{GPU_NODE}-{DRIVER}"
 YOUNGER = f"{CLASS}-younger"
+RULE = "e2e-maintenance"
 
 
 def published(generation: int, tainted: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -126,6 +129,7 @@ def dra(cluster: Cluster, serving: None) -> Iterator[None]:
     cluster.kubectl("delete", "namespace", TENANT, "--wait=true", "--timeout=180s")
     cluster.kubectl("delete", "gpuclass", CLASS, YOUNGER, "--ignore-not-found", "--wait=true")
     cluster.kubectl("delete", "resourceslice", SLICE, "--ignore-not-found")
+    cluster.kubectl("delete", "devicetaintrule", RULE, "--ignore-not-found")
     cluster.kubectl("uncordon", GPU_NODE)
     cluster.kubectl(
         "patch", "kubevirt", "-n", "cozy-kubevirt", "kubevirt", "--type=json", "-p",
@@ -138,7 +142,8 @@ def test_a_dra_class_follows_the_devices_the_scheduler_allocates(
     cluster: Cluster, dra: None
 ) -> None:
     """Scenario: the class and its DeviceClass; the driver publishing; KubeVirt's gate; claims
-    allocated by the real kube-scheduler and released; a cordon; a tainted device."""
+    allocated by the real kube-scheduler and released; a cordon; a tainted device; a
+    DeviceTaintRule."""
     cluster.apply(dra_class())
     shows(cluster, CLASS, Shown(0, 0, "False", "DRANotEnabled"))
     assert status_condition(cluster, CLASS, "DRANotEnabled") == ("True", "GPUsWithDRAOff")
@@ -190,6 +195,14 @@ def test_a_dra_class_follows_the_devices_the_scheduler_allocates(
     cluster.apply(published(2, tainted=(broken,)))
     shows(cluster, CLASS, Shown(CARDS - 2, CARDS - 2, "True", "Ready"), synced_after=tainted)
     cluster.apply(published(3))
+    shows(cluster, CLASS, Shown(CARDS - 1, CARDS - 1, "True", "Ready"))
+    # An administrator's DeviceTaintRule on the same device does what the driver's taint did.
+    ruled = time.time()
+    cluster.apply(
+        taint_rule(RULE, {"driver": DRIVER, "pool": GPU_NODE, "device": f"gpu-vfio-{broken}"})
+    )
+    shows(cluster, CLASS, Shown(CARDS - 2, CARDS - 2, "True", "Ready"), synced_after=ruled)
+    cluster.kubectl("delete", "devicetaintrule", RULE, "--wait=true")
     shows(cluster, CLASS, Shown(CARDS - 1, CARDS - 1, "True", "Ready"))
     delete_pod(cluster, "vm-2")
     shows(cluster, CLASS, at_rest)

@@ -1,6 +1,6 @@
 """The free units of a DRA class (hooks.rules.dra): each step by example, and the whole against an
-independent model over random slices, generations, shared PCI addresses, counters, taints and
-claims."""
+independent model over random slices, generations, shared PCI addresses, counters, taints,
+DeviceTaintRules and claims."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hooks.rules.dra import PCI_BUS_ID, compute_dra_capacity, device_class_selector
-from hooks.wire.dra import ResourceClaim, ResourceSlice
+from hooks.wire.dra import DeviceTaintRule, ResourceClaim, ResourceSlice
 from hooks.wire.gpuclass import Toleration
 from hooks.wire.kube import Node
-from tests.builders import DRIVER, as_wire, claim, device, node, resource_slice
+from tests.builders import DRIVER, as_wire, claim, device, node, resource_slice, taint_rule
 
 VFIO = {"type": "vfio"}
 
 
 def capacity(  # type: ignore[no-untyped-def]
-    slices, claims=(), nodes=None, attributes=VFIO, tolerations=()
+    slices, claims=(), nodes=None, attributes=VFIO, tolerations=(), rules=()
 ):
     nodes = nodes if nodes is not None else [node("n1", gpus=None), node("n2", gpus=None)]
     return compute_dra_capacity(
@@ -31,6 +31,7 @@ def capacity(  # type: ignore[no-untyped-def]
         DRIVER,
         attributes,
         [Toleration.model_validate(t) for t in tolerations],
+        [as_wire(r, DeviceTaintRule) for r in rules],
     )
 
 
@@ -98,6 +99,21 @@ def test_an_untolerated_device_taint_excludes_the_device() -> None:
     assert tolerated.free == 2
 
 
+def test_a_device_taint_rule_taints_the_devices_its_every_set_field_selects() -> None:
+    slices = [
+        resource_slice("n1", [device("a"), device("b")], node_name="n1"),
+        resource_slice("n2", [device("a")], node_name="n2"),
+    ]
+    assert capacity(slices, rules=[taint_rule("one", {"pool": "n1", "device": "a"})]).free == 2
+    assert capacity(slices, rules=[taint_rule("pool", {"driver": DRIVER, "pool": "n1"})]).free == 1
+    assert capacity(slices, rules=[taint_rule("every", {})]).free == 0
+    assert capacity(slices, rules=[taint_rule("other", {"driver": "x.io"})]).free == 3
+    assert capacity(slices, rules=[taint_rule("none", None)]).free == 3
+    assert capacity(slices, rules=[taint_rule("inert", {}, effect="None")]).free == 3
+    tolerated = [{"key": "maintenance", "operator": "Exists"}]
+    assert capacity(slices, rules=[taint_rule("every", {})], tolerations=tolerated).free == 3
+
+
 def test_the_node_rules_apply_and_several_nodes_count_on_none() -> None:
     slices = [
         resource_slice("n1", [device("a")], node_name="n1"),
@@ -124,6 +140,7 @@ def model_free(
     eligible: set[str],
     kind: str,
     tolerated: bool,
+    rules: list[dict[str, Any]],
 ) -> tuple[int, int]:
     """(free, max free per node) by brute force: each device against every other."""
     complete = []
@@ -151,6 +168,15 @@ def model_free(
         if pool_of(a[0]) != pool_of(b[0]):
             return False
         return a[1]["name"] == b[1]["name"] or (bus(a[1]) is not None and bus(a[1]) == bus(b[1]))
+
+    def ruled(x: tuple[Any, Any]) -> bool:
+        here = {"driver": x[0]["spec"]["driver"], "pool": pool_of(x[0]), "device": x[1]["name"]}
+        return any(
+            "deviceSelector" in r["spec"]
+            and r["spec"]["taint"]["effect"] != "None"
+            and all(here[k] == v for k, v in r["spec"]["deviceSelector"].items())
+            for r in rules
+        )
 
     def is_taken(x: tuple[Any, Any]) -> bool:
         return (pool_of(x[0]), x[1]["name"]) in held
@@ -181,7 +207,7 @@ def model_free(
         x
         for x in devices
         if x[1]["attributes"]["type"]["string"] == kind
-        and (tolerated or not x[1].get("taints"))
+        and (tolerated or not (x[1].get("taints") or ruled(x)))
         and not any(same_unit(x, y) and is_taken(y) for y in devices)
         and fits(x)
     ]
@@ -204,7 +230,9 @@ NODES = ["n1", "n2", "n3"]
 
 
 @st.composite
-def clusters(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def clusters(
+    draw: st.DrawFn,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     slices = []
     for pool in [*NODES, "fabric"]:
         for generation in draw(st.sets(st.sampled_from([1, 2]), max_size=2)):
@@ -237,22 +265,44 @@ def clusters(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]
         claim(held, admin=draw(st.booleans()))
         for held in (draw(st.lists(st.sampled_from(names), max_size=4)) if names else [])
     ]
-    return slices, claims
+    selectors = st.none() | st.fixed_dictionaries(
+        {},
+        optional={
+            "driver": st.sampled_from([DRIVER, "x.io"]),
+            "pool": st.sampled_from([*NODES, "fabric"]),
+            "device": st.sampled_from(sorted({n for _, n in names}) or ["d0-0"]),
+        },
+    )
+    rules = [
+        taint_rule(f"r{i}", selector, key="xid", effect=effect)
+        for i, (selector, effect) in enumerate(
+            draw(
+                st.lists(
+                    st.tuples(selectors, st.sampled_from(["NoSchedule", "None"])),
+                    min_size=1,
+                    max_size=2,
+                )
+            )
+        )
+    ]
+    return slices, claims, rules
 
 
 @given(clusters(), st.sets(st.sampled_from(NODES)), st.sampled_from(["vfio", "gpu"]), st.booleans())
 def test_free_units_agree_with_an_independent_model(
-    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+    cluster: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]],
     ready: set[str],
     kind: str,
     tolerated: bool,
 ) -> None:
-    slices, claims = cluster
+    slices, claims, rules = cluster
     nodes = [node(n, gpus=None, ready="True" if n in ready else "False") for n in NODES]
     tolerations = [{"key": "xid", "operator": "Exists"}] if tolerated else []
-    result = capacity(slices, claims, nodes, attributes={"type": kind}, tolerations=tolerations)
+    result = capacity(
+        slices, claims, nodes, attributes={"type": kind}, tolerations=tolerations, rules=rules
+    )
     assert (result.free, result.max_free_per_node) == model_free(
-        slices, claims, ready, kind, tolerated
+        slices, claims, ready, kind, tolerated, rules
     )
 
 
