@@ -19,21 +19,24 @@ classes"; the steps are numbered as there).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import compress
+from operator import attrgetter
 
 from hooks.rules.invalid import InvalidObject
 from hooks.rules.quantity import QuantityError, parse_quantity
 from hooks.rules.scheduling import EXCLUDING_EFFECTS, TolerationLike, ineligibility, tolerates
 from hooks.wire.dra import (
-    Device,
+    Column,
     DeviceAttribute,
     DeviceTaintRule,
     DeviceTaintSelector,
     ResourceClaim,
     ResourceSlice,
+    attribute_reader,
 )
 from hooks.wire.kube import Node, Taint
 
@@ -84,13 +87,6 @@ def qualified(driver: str, name: str) -> str:
     return name if "/" in name else f"{driver}/{name}"
 
 
-def attribute_equals(attribute: DeviceAttribute, wanted: AttributeValue) -> bool:
-    """CEL's equality of the attribute's one value with the class's: across types, false."""
-    if isinstance(wanted, int):
-        return attribute.integer == wanted
-    return attribute.string == wanted
-
-
 def cel_literal(value: AttributeValue) -> str:
     """A CEL literal of the value. JSON's string escapes are a subset of CEL's, and JSON escapes
     every quote, backslash and control character, so no value can end the literal early."""
@@ -110,32 +106,53 @@ def device_class_selector(driver: str, attributes: Mapping[str, AttributeValue])
     return " && ".join(clauses)
 
 
-Wanted = tuple[tuple[tuple[str, ...], AttributeValue], ...]
+@dataclass(frozen=True)
+class Wanted:
+    """The attributes a class reads, by name (the PCI address last), and its equalities: each the
+    positions of the names a device may publish the attribute under, and the value it must be."""
+
+    names: tuple[str, ...]
+    equalities: tuple[tuple[tuple[int, ...], DeviceAttribute], ...]
 
 
 def wanted_attributes(driver: str, attributes: Mapping[str, AttributeValue]) -> Wanted:
-    """Each of the class's equalities with the names a device may publish its attribute under:
+    """Each of the class's equalities under the names a device may publish its attribute under:
     qualified, and, in the driver's own domain, without the domain too."""
-    wanted = []
+    names: list[str] = []
+    equalities = []
     for name, value in attributes.items():
         full = qualified(driver, name)
         domain, _, short = full.rpartition("/")
-        wanted.append(((full, short) if domain == driver else (full,), value))
-    return tuple(wanted)
+        aliases = (full, short) if domain == driver else (full,)
+        positions = tuple(range(len(names), len(names) + len(aliases)))
+        equalities.append((positions, as_attribute(value)))
+        names.extend(aliases)
+    return Wanted((*names, PCI_BUS_ID), tuple(equalities))
 
 
-def is_candidate(device: Device, wanted: Wanted) -> bool:
-    held = device.attributes
-    for names, value in wanted:
-        for name in names:
-            attribute = held.get(name)
-            if attribute is not None:
-                break
+def as_attribute(value: AttributeValue) -> DeviceAttribute:
+    """The class's value as a device publishes it: equal only to an attribute of its one type and
+    value, as in CEL, where values of different types are never equal."""
+    if isinstance(value, int):
+        return DeviceAttribute(integer=value)
+    return DeviceAttribute(string=value)
+
+
+def candidates(columns: Sequence[Column], wanted: Wanted) -> list[bool]:
+    """Whether each device is of the class: every equality holds, each attribute read under the
+    first of its names the device publishes. One pass over the devices per equality."""
+    matching = [True] * len(columns[-1])
+    for positions, value in wanted.equalities:
+        if len(positions) == 2:
+            full, short = (columns[p] for p in positions)
+            matching = [
+                ok and (a if a is not None else b) == value
+                for ok, a, b in zip(matching, full, short, strict=True)
+            ]
         else:
-            return False
-        if not attribute_equals(attribute, value):
-            return False
-    return True
+            [only] = (columns[p] for p in positions)
+            matching = [ok and a == value for ok, a in zip(matching, only, strict=True)]
+    return matching
 
 
 def latest_pools(slices: Iterable[ResourceSlice], driver: str) -> tuple[
@@ -159,15 +176,15 @@ def latest_pools(slices: Iterable[ResourceSlice], driver: str) -> tuple[
     return complete, incomplete
 
 
-def taken_devices(claims: Iterable[ResourceClaim], driver: str) -> set[tuple[str, str]]:
-    """(pool, device) of every device of the driver an allocated claim holds, not for admin."""
-    return {
-        (result.pool, result.device)
-        for claim in claims
-        if claim.status.allocation is not None
-        for result in claim.status.allocation.devices.results
-        if result.driver == driver and not result.admin_access
-    }
+def taken_devices(claims: Iterable[ResourceClaim], driver: str) -> dict[str, set[str]]:
+    """The devices of the driver an allocated claim holds, not for admin, by pool."""
+    taken: dict[str, set[str]] = defaultdict(set)
+    for claim in claims:
+        if claim.status.allocation is not None:
+            for result in claim.status.allocation.devices.results:
+                if result.driver == driver and not result.admin_access:
+                    taken[result.pool].add(result.device)
+    return taken
 
 
 def untolerated(taints: Iterable[Taint], tolerations: tuple[TolerationLike, ...]) -> bool:
@@ -200,23 +217,36 @@ def ruled_taints(
     ]
 
 
-@dataclass
-class _Unit:
-    node: str  # "" where several nodes reach it
-    taken: bool = False  # some device of it is allocated
-    candidate: bool = False  # some device of it is of the class
-    usable: bool = False  # some candidate of it is untainted and fits its counters
+Draws = dict[tuple[str, str], Fraction]
+NOTHING_TAKEN: frozenset[str] = frozenset()
+NO_DRAWS: Draws = {}
+_CONSUMES_COUNTERS = attrgetter("consumes_counters")
 
 
-def _draws(device: Device) -> dict[tuple[str, str], Fraction]:
-    """What the device draws, by (counter set, counter). Raises QuantityError."""
-    if not device.consumes_counters:
-        return {}
-    drawn: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
-    for consumption in device.consumes_counters:
-        for counter, value in consumption.counters.items():
-            drawn[consumption.counter_set, counter] += parse_quantity(value.value)
-    return drawn
+def _slice_draws(
+    resource_slice: ResourceSlice, pool: str, left: dict[tuple[str, str, str], Fraction]
+) -> list[Draws] | None:
+    """Adds the slice's counter sets to what its pool has left, and returns what each of its
+    devices draws (by counter set and counter), or None where none draws anything. Raises
+    QuantityError."""
+    for counter_set in resource_slice.spec.shared_counters:
+        for counter, value in counter_set.counters.items():
+            left[pool, counter_set.name, counter] += parse_quantity(value.value)
+    devices = resource_slice.spec.devices
+    if not any(map(_CONSUMES_COUNTERS, devices)):
+        return None
+    every: list[Draws] = []
+    for device in devices:
+        drawn: Draws = defaultdict(Fraction)
+        for consumption in device.consumes_counters:
+            for counter, value in consumption.counters.items():
+                drawn[consumption.counter_set, counter] += parse_quantity(value.value)
+        every.append(drawn)
+    return every
+
+
+def fits(drawn: Draws, pool: str, left: dict[tuple[str, str, str], Fraction]) -> bool:
+    return all(amount <= left[pool, *key] for key, amount in drawn.items())
 
 
 def compute_dra_capacity(
@@ -234,59 +264,90 @@ def compute_dra_capacity(
     wanted = wanted_attributes(driver, attributes)
     pools, incomplete = latest_pools(slices, driver)
     taken = taken_devices(claims, driver)
-    units: dict[tuple[str, str], _Unit] = {}
+    # What each counter set of a pool has left, by (pool, counter set, counter).
+    left: dict[tuple[str, str, str], Fraction] = defaultdict(Fraction)
+    read_slices: list[tuple[str, ResourceSlice, list[Draws] | None]] = []
     for pool, pool_slices in pools.items():
-        left: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
-        devices: list[tuple[ResourceSlice, Device, dict[tuple[str, str], Fraction]]] = []
+        held_in_pool = taken.get(pool, NOTHING_TAKEN)
         for resource_slice in pool_slices:
             try:
-                for counter_set in resource_slice.spec.shared_counters:
-                    for counter, value in counter_set.counters.items():
-                        left[counter_set.name, counter] += parse_quantity(value.value)
-                devices.extend((resource_slice, d, _draws(d)) for d in resource_slice.spec.devices)
+                drawn = _slice_draws(resource_slice, pool, left)
             except QuantityError as error:
                 invalid.append(
                     InvalidObject(
                         "ResourceSlice", resource_slice.metadata.name, f"counter: {error}"
                     )
                 )
-        for _, device, drawn in devices:
-            if (pool, device.name) in taken:
-                for key, amount in drawn.items():
-                    left[key] -= amount
-        for resource_slice, device, drawn in devices:
-            bus = device.attributes.get(PCI_BUS_ID)
-            unit_key = (pool, bus.string) if bus is not None and bus.string else (pool, device.name)
-            unit = units.get(unit_key)
-            if unit is None:
-                unit = units[unit_key] = _Unit(resource_slice.node_of(device) or "")
-            held = (pool, device.name) in taken
-            unit.taken = unit.taken or held
-            if is_candidate(device, wanted):
-                unit.candidate = True
-                taints = device.taints
-                if rules:
-                    taints = [*taints, *ruled_taints(rules, pool, device.name)]
-                if not held and not untolerated(taints, tolerations):
-                    unit.usable = unit.usable or all(v <= left[k] for k, v in drawn.items())
-    candidate_units = [u for u in units.values() if u.candidate]
+                continue
+            read_slices.append((pool, resource_slice, drawn))
+            for device, draws in zip(resource_slice.spec.devices, drawn or (), strict=False):
+                if device.name in held_in_pool:
+                    for (counter_set_name, counter), amount in draws.items():
+                        left[pool, counter_set_name, counter] -= amount
+    # Every device read, in order, with its pool, slice and what it draws.
+    devices = [d for _, s, _ in read_slices for d in s.spec.devices]
+    pool_of = [pool for pool, s, _ in read_slices for _ in s.spec.devices]
+    slice_of = [s for _, s, _ in read_slices for _ in s.spec.devices]
+    # Empty where no device draws on counters, as for most drivers.
+    drawn_of = (
+        [
+            draws
+            for _, s, drawn in read_slices
+            for draws in (drawn if drawn is not None else [NO_DRAWS] * len(s.spec.devices))
+        ]
+        if any(drawn is not None for _, _, drawn in read_slices)
+        else []
+    )
+    read = attribute_reader(wanted.names)(devices)
+    for position in read.unread:
+        invalid.append(
+            InvalidObject(
+                "ResourceSlice",
+                slice_of[position].metadata.name,
+                f"device {devices[position].name}: attributes do not decode",
+            )
+        )
+    unit_of = [
+        (pool, bus.string if bus is not None and bus.string else device.name)
+        for pool, bus, device in zip(pool_of, read.columns[-1], devices, strict=True)
+    ]
+    held = [
+        d.name in taken.get(pool, NOTHING_TAKEN) for pool, d in zip(pool_of, devices, strict=True)
+    ]
+    taken_units = set(compress(unit_of, held))
+    # The class's units, each on the node of its first device of the class ("" for several).
+    node_of_unit: dict[tuple[str, str], str] = {}
+    usable: set[tuple[str, str]] = set()
+    for position in compress(range(len(devices)), candidates(read.columns, wanted)):
+        unit = unit_of[position]
+        device = devices[position]
+        if unit not in node_of_unit:
+            node_of_unit[unit] = slice_of[position].node_of(device) or ""
+        if held[position] or unit in usable:
+            continue
+        taints = device.taints
+        if rules:
+            taints = (*taints, *ruled_taints(rules, pool_of[position], device.name))
+        if taints and untolerated(taints, tolerations):
+            continue
+        draws = drawn_of[position] if drawn_of else NO_DRAWS
+        if not draws or fits(draws, pool_of[position], left):
+            usable.add(unit)
+    free_units = usable - taken_units
+    units_on = Counter(node_of_unit.values())
+    taken_on = Counter(node for unit, node in node_of_unit.items() if unit in taken_units)
+    free_on = Counter(node for unit, node in node_of_unit.items() if unit in free_units)
     why_not = {node.metadata.name: ineligibility(node, tolerations) for node in nodes}
-    per_node: dict[str, list[_Unit]] = defaultdict(list)
-    for unit in candidate_units:
-        per_node[unit.node].append(unit)
 
     def summed(name: str, reason: str | None) -> DraNode:
-        held = per_node.get(name, [])
-        free = sum(1 for u in held if u.usable and not u.taken)
-        taken_units = sum(1 for u in held if u.taken)
-        return DraNode(name, reason, len(held), taken_units, free)
+        return DraNode(name, reason, units_on[name], taken_on[name], free_on[name])
 
     return DraCapacity(
         publishing=bool(pools or incomplete),
         incomplete_pools=tuple(incomplete),
         nodes=tuple(
             summed(name, why_not.get(name, "not a known node"))
-            for name in sorted(n for n in per_node if n)
+            for name in sorted(n for n in units_on if n)
         ),
         shared=summed("", None),
         invalid=tuple(invalid),

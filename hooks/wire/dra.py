@@ -8,9 +8,15 @@ strings, as in `hooks.wire.kube`: parsing them is a rule.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from operator import attrgetter
+
 import msgspec
 
 from hooks.wire.kube import NameOnlyMeta, ObjectMeta, Taint, _Wire, is_absent
+from hooks.wire.problems import Undecodable, decoded
 
 DRA_API_VERSION = "resource.k8s.io/v1"
 # DeviceTaintRules are beta (off by default) while the rest of DRA is GA.
@@ -23,6 +29,61 @@ class DeviceAttribute(_Wire, frozen=True, rename={"integer": "int"}):
 
     integer: int | None = None
     string: str | None = None
+
+
+_NO_ATTRIBUTES = b"{}"
+_ATTRIBUTES_OF = attrgetter("attributes")
+
+
+Column = list[DeviceAttribute | None]
+
+
+@dataclass(frozen=True)
+class AttributesRead:
+    """The attributes read, a column per name in the order asked: each device's value of that
+    name, or None where it has none. A device whose attributes do not decode reads as having
+    none, and is in `unread`."""
+
+    columns: list[Column]
+    unread: list[int]  # positions in the devices read
+
+
+@lru_cache(maxsize=64)
+def attribute_reader(names: tuple[str, ...]) -> Callable[[Sequence[Device]], AttributesRead]:
+    """Reads these attributes of each device: one decode for all the devices, the other
+    attributes skipped unread."""
+    fields = [f"a{i}" for i in range(len(names))]
+    wanted = msgspec.defstruct(
+        "WantedAttributes",
+        [(field, DeviceAttribute | None, None) for field in fields],
+        rename=dict(zip(fields, names, strict=True)),
+        frozen=True,
+        gc=False,
+    )
+    together = msgspec.json.Decoder(list[wanted])  # type: ignore[valid-type]
+    # null attributes read as none, as an absent field does
+    alone = msgspec.json.Decoder(wanted | None)
+    nothing = wanted()
+    getters = [attrgetter(field) for field in fields]
+
+    def read(devices: Sequence[Device]) -> AttributesRead:
+        unread: list[int] = []
+        try:
+            joined = b",".join(map(_ATTRIBUTES_OF, devices))
+            every = together.decode(b"[%b]" % joined)
+        except msgspec.DecodeError:
+            # some device's attributes are absent, null or malformed: each on its own
+            every = []
+            for position, one in enumerate(map(_ATTRIBUTES_OF, devices)):
+                try:
+                    found = decoded(alone, one or _NO_ATTRIBUTES)
+                except Undecodable:
+                    unread.append(position)
+                    found = None
+                every.append(nothing if found is None else found)
+        return AttributesRead([list(map(getter, every)) for getter in getters], unread)
+
+    return read
 
 
 class CounterValue(_Wire, frozen=True):
@@ -43,9 +104,11 @@ class CounterConsumption(_Wire, frozen=True):
 
 class Device(_Wire, frozen=True):
     name: str = ""
-    attributes: dict[str, DeviceAttribute] = {}
-    consumes_counters: list[CounterConsumption] = []
-    taints: list[Taint] = []
+    # Kept raw: a class reads only its own few attributes of the many a driver publishes
+    # (`attribute_reader`), which is most of what a slice holds.
+    attributes: msgspec.Raw = msgspec.Raw()
+    consumes_counters: tuple[CounterConsumption, ...] = ()
+    taints: tuple[Taint, ...] = ()
     node_name: str | None = None
     all_nodes: bool | None = None
     # Kept raw: only whether it is set is read (such a device is reachable from several nodes).
@@ -70,8 +133,8 @@ class ResourceSliceSpec(_Wire, frozen=True):
     node_selector: msgspec.Raw = msgspec.Raw()
     # Set when each device says its own node (`nodeName`, `allNodes` or `nodeSelector`).
     per_device_node_selection: bool | None = None
-    shared_counters: list[CounterSet] = []
-    devices: list[Device] = []
+    shared_counters: tuple[CounterSet, ...] = ()
+    devices: tuple[Device, ...] = ()
 
 
 class ResourceSlice(_Wire, frozen=True):
@@ -96,7 +159,7 @@ class AllocationResult(_Wire, frozen=True):
 
 
 class DeviceAllocation(_Wire, frozen=True):
-    results: list[AllocationResult] = []
+    results: tuple[AllocationResult, ...] = ()
 
 
 class Allocation(_Wire, frozen=True):

@@ -114,6 +114,19 @@ def test_a_device_taint_rule_taints_the_devices_its_every_set_field_selects() ->
     assert capacity(slices, rules=[taint_rule("every", {})], tolerations=tolerated).free == 3
 
 
+def test_a_device_whose_attributes_do_not_decode_is_named_and_counts_nothing() -> None:
+    """Only the class's attributes and the PCI address are read: a malformed one of those skips
+    its device alone, and says which; a malformed attribute the class does not read is unread."""
+    bad = {"name": "bad", "attributes": {"type": {"string": 3}}}
+    unread = {"name": "odd", "attributes": {"type": {"string": "vfio"}, "x": {"int": "7"}}}
+    slices = [resource_slice("n1", [device("a"), bad, unread], node_name="n1")]
+    result = capacity(slices)
+    assert result.free == 2
+    assert [(i.kind, i.name, i.reason) for i in result.invalid] == [
+        ("ResourceSlice", "n1-1", "device bad: attributes do not decode")
+    ]
+
+
 def test_the_node_rules_apply_and_several_nodes_count_on_none() -> None:
     slices = [
         resource_slice("n1", [device("a")], node_name="n1"),
