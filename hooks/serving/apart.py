@@ -24,6 +24,7 @@ nothing was applied, and Metacontroller retries.
 
 from __future__ import annotations
 
+import gc
 import mmap
 import multiprocessing
 import multiprocessing.forkserver
@@ -329,6 +330,10 @@ def _serve_one(
 ) -> None:
     """In the child: receive the body, answer it, send the end back."""
     os.nice(CHILD_NICENESS)
+    # Every object the child inherits lives as long as it does: the collector need never walk
+    # them, and walking them (the hooks' imports) was most of what a fresh child's first
+    # collections cost.
+    gc.freeze()
     body = _receive(body_in, length)
     if body is None:
         return
