@@ -95,6 +95,28 @@ def in_process(body: bytes, settings: Settings, view: KubeVirtFound) -> bytes:
     return encode(outcome.response)
 
 
+# Turns of the DRA class's request and the device-plugin one it is compared with.
+DRA_TURNS = 15
+
+
+def medians_in_turn(
+    first: Callable[[], Any], second: Callable[[], Any], repeat: int
+) -> tuple[tuple[float, Any], tuple[float, Any]]:
+    """The median seconds and last result of each of two calls, made in turn: a machine whose
+    speed drifts (shared cores) then slows both alike, and their ratio holds."""
+    times: tuple[list[float], list[float]] = ([], [])
+    results: list[Any] = [None, None]
+    for _ in range(repeat):
+        for index, run in enumerate((first, second)):
+            started = time.perf_counter()
+            results[index] = run()
+            times[index].append(time.perf_counter() - started)
+    return (
+        (statistics.median(times[0]), results[0]),
+        (statistics.median(times[1]), results[1]),
+    )
+
+
 def median_seconds(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     times, result = [], None
     for _ in range(repeat):
@@ -352,11 +374,13 @@ def bench_size(
                 pool.map(lambda _: post(f"{server.url}/status/sync", body), range(CONCURRENCY))
             )
             concurrent_s = time.perf_counter() - started
-        selected_s, _ = median_seconds(lambda: post(f"{server.url}/status/sync", selected), repeat)
+        (selected_s, _), (dra_s, dra_answer) = medians_in_turn(
+            lambda: post(f"{server.url}/status/sync", selected),
+            lambda: post(f"{server.url}/status/sync", dra_body),
+            max(repeat, DRA_TURNS),
+        )
         with server.peak_memory() as dra_peak:
-            dra_s, dra_answer = median_seconds(
-                lambda: post(f"{server.url}/status/sync", dra_body), repeat
-            )
+            post(f"{server.url}/status/sync", dra_body)
         after_mb = server.memory_mb()
     local_license = encode(license.sync(decode_decorator_sync(license_body), settings).response)
 
@@ -397,10 +421,10 @@ def bench_size(
     if size == "M":
         checks.append(
             (
-                "M: a DRA class's sync <= 1.5x a device-plugin class's (HTTP)",
-                dra_s <= 1.5 * http_s,
-                f"{dra_s / http_s:.2f}x (of the documented selectors' request: "
-                f"{dra_s / selected_s:.2f}x)",
+                "M: a DRA class's sync <= 1.5x a device-plugin class's, the documented "
+                "selectors' request (HTTP, in turn)",
+                dra_s <= 1.5 * selected_s,
+                f"{dra_s / selected_s:.2f}x (of the every-pod request: {dra_s / http_s:.2f}x)",
             )
         )
     if size in ("M", "L"):
