@@ -96,7 +96,7 @@ def in_process(body: bytes, settings: Settings, view: KubeVirtFound) -> bytes:
 
 
 # Turns of the DRA class's request and the device-plugin one it is compared with.
-DRA_TURNS = 15
+DRA_TURNS = 25
 
 
 def medians_in_turn(

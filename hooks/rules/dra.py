@@ -284,10 +284,16 @@ def compute_dra_capacity(
                 if device.name in held_in_pool:
                     for (counter_set_name, counter), amount in draws.items():
                         left[pool, counter_set_name, counter] -= amount
-    # Every device read, in order, with its pool, slice and what it draws.
+    # Every device read, in order, with its pool, node and what it draws.
     devices = [d for _, s, _ in read_slices for d in s.spec.devices]
     pool_of = [pool for pool, s, _ in read_slices for _ in s.spec.devices]
-    slice_of = [s for _, s, _ in read_slices for _ in s.spec.devices]
+    # Each device's node, "" where several nodes reach it.
+    node_of = [
+        node if node is not None else (s.node_of(device) or "")
+        for _, s, _ in read_slices
+        for node in (s.node_of_every_device(),)
+        for device in s.spec.devices
+    ]
     # Empty where no device draws on counters, as for most drivers.
     drawn_of = (
         [
@@ -299,6 +305,7 @@ def compute_dra_capacity(
         else []
     )
     read = attribute_reader(wanted.names)(devices)
+    slice_of = [s for _, s, _ in read_slices for _ in s.spec.devices] if read.unread else []
     for position in read.unread:
         invalid.append(
             InvalidObject(
@@ -312,7 +319,10 @@ def compute_dra_capacity(
         for pool, bus, device in zip(pool_of, read.columns[-1], devices, strict=True)
     ]
     held = [
-        d.name in taken.get(pool, NOTHING_TAKEN) for pool, d in zip(pool_of, devices, strict=True)
+        device.name in names
+        for pool, s, _ in read_slices
+        for names in (taken.get(pool, NOTHING_TAKEN),)
+        for device in s.spec.devices
     ]
     taken_units = set(compress(unit_of, held))
     # The class's units, each on the node of its first device of the class ("" for several).
@@ -322,7 +332,7 @@ def compute_dra_capacity(
         unit = unit_of[position]
         device = devices[position]
         if unit not in node_of_unit:
-            node_of_unit[unit] = slice_of[position].node_of(device) or ""
+            node_of_unit[unit] = node_of[position]
         if held[position] or unit in usable:
             continue
         taints = device.taints

@@ -60,23 +60,24 @@ def attribute_reader(names: tuple[str, ...]) -> Callable[[Sequence[Device]], Att
         frozen=True,
         gc=False,
     )
-    together = msgspec.json.Decoder(list[wanted])  # type: ignore[valid-type]
     # null attributes read as none, as an absent field does
-    alone = msgspec.json.Decoder(wanted | None)
+    each = msgspec.json.Decoder(wanted | None)
     nothing = wanted()
     getters = [attrgetter(field) for field in fields]
 
     def read(devices: Sequence[Device]) -> AttributesRead:
         unread: list[int] = []
         try:
-            joined = b",".join(map(_ATTRIBUTES_OF, devices))
-            every = together.decode(b"[%b]" % joined)
+            # One value per device, one after another: a device without attributes sends none.
+            every = each.decode_lines(b"\n".join(map(_ATTRIBUTES_OF, devices)))
         except msgspec.DecodeError:
+            every = []
+        if len(every) != len(devices) or None in every:
             # some device's attributes are absent, null or malformed: each on its own
             every = []
             for position, one in enumerate(map(_ATTRIBUTES_OF, devices)):
                 try:
-                    found = decoded(alone, one or _NO_ATTRIBUTES)
+                    found = decoded(each, one or _NO_ATTRIBUTES)
                 except Undecodable:
                     unread.append(position)
                     found = None
@@ -143,12 +144,19 @@ class ResourceSlice(_Wire, frozen=True):
 
     def node_of(self, device: Device) -> str | None:
         """The one node the device is on, or None where several nodes reach it."""
+        if self.spec.per_device_node_selection:
+            return None if device.several_nodes else device.node_name or None
+        return self.node_of_every_device() or None
+
+    def node_of_every_device(self) -> str | None:
+        """The node every device of the slice is on, "" where several nodes reach them all,
+        None where each device says its own."""
         spec = self.spec
         if spec.per_device_node_selection:
-            return None if device.several_nodes else device.node_name or None
-        if spec.all_nodes or not is_absent(spec.node_selector):
             return None
-        return spec.node_name or None
+        if spec.all_nodes or not is_absent(spec.node_selector):
+            return ""
+        return spec.node_name or ""
 
 
 class AllocationResult(_Wire, frozen=True):

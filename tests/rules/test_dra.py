@@ -119,7 +119,8 @@ def test_a_device_whose_attributes_do_not_decode_is_named_and_counts_nothing() -
     its device alone, and says which; a malformed attribute the class does not read is unread."""
     bad = {"name": "bad", "attributes": {"type": {"string": 3}}}
     unread = {"name": "odd", "attributes": {"type": {"string": "vfio"}, "x": {"int": "7"}}}
-    slices = [resource_slice("n1", [device("a"), bad, unread], node_name="n1")]
+    bare = [{"name": "bare"}, {"name": "null", "attributes": None}]  # of no class, and valid
+    slices = [resource_slice("n1", [device("a"), bad, unread, *bare], node_name="n1")]
     result = capacity(slices)
     assert result.free == 2
     assert [(i.kind, i.name, i.reason) for i in result.invalid] == [
@@ -135,6 +136,21 @@ def test_the_node_rules_apply_and_several_nodes_count_on_none() -> None:
     result = capacity(slices, nodes=[node("n1", gpus=None, unschedulable=True)])
     assert (result.free, result.max_free_per_node) == (2, 0)
     assert result.nodes[0].not_eligible_because == "cordoned"
+
+
+def test_with_per_device_node_selection_each_device_says_its_node() -> None:
+    devices = [
+        device("a") | {"nodeName": "n1"},
+        device("b") | {"nodeName": "n2"},
+        device("c") | {"nodeName": "n2"},
+        device("x") | {"allNodes": True},
+    ]
+    made = resource_slice("fabric", devices)
+    del made["spec"]["allNodes"]
+    made["spec"]["perDeviceNodeSelection"] = True
+    result = capacity([made])
+    assert [(n.name, n.units, n.free) for n in result.nodes] == [("n1", 1, 1), ("n2", 2, 2)]
+    assert (result.shared.units, result.free, result.max_free_per_node) == (1, 4, 2)
 
 
 def test_a_driver_with_no_slice_is_not_publishing() -> None:
