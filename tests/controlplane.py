@@ -134,6 +134,7 @@ _PLURALS = {
     "VirtualMachineClusterInstancetype": "virtualmachineclusterinstancetypes",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
 }
 _CLUSTER_SCOPED = {
     "Namespace",
@@ -145,6 +146,8 @@ _CLUSTER_SCOPED = {
     "VirtualMachineClusterInstancetype",
     "CompositeController",
     "DecoratorController",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 

@@ -27,7 +27,9 @@ from tests.builders import (
     resource_slice,
     taint_rule,
 )
-from tests.controlplane import ControlPlane
+from tests.chart import render
+from tests.controlplane import ControlPlane, object_path
+from tests.e2e.cluster import wait_for
 
 DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 DEVICE_CLASS = "a10.gpuclass.cozystack.io"
@@ -202,3 +204,51 @@ def test_a_device_taint_rule_on_the_server_leaves_out_the_devices_it_selects(
     answer = synced_from_the_server(kube, taint_rules=True)
     assert (answer["status"]["free"], answer["status"]["maxFreePerNode"]) == (2, 1)
     assert synced_from_the_server(kube)["status"]["free"] == 3
+
+
+def device_class(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]},
+    }
+
+
+@pytest.mark.tools
+@pytest.mark.usefixtures("clean_dra")
+def test_metacontroller_writes_only_the_device_classes_of_gpu_classes(kube: ControlPlane) -> None:
+    """RBAC grants Metacontroller DeviceClasses by kind; the chart's ValidatingAdmissionPolicy
+    refuses its ServiceAccount every other name, and nobody else anything."""
+    policy = [
+        d
+        for d in render("dra.api=true", "dra.metacontrollerServiceAccount=mc/metacontroller")
+        if d["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    assert len(policy) == 2
+    kube.apply(*policy)
+    metacontroller = {
+        "Impersonate-User": "system:serviceaccount:mc:metacontroller",
+        "Impersonate-Group": "system:masters",  # every right RBAC could grant it
+    }
+
+    def refused_to_metacontroller() -> bool:
+        """Whether the API server applies the policy yet (it compiles it in the background)."""
+        answer = kube.request("POST", DEVICE_CLASSES, device_class("x.io"), headers=metacontroller)
+        if answer.status_code == 201:
+            kube.request("DELETE", f"{DEVICE_CLASSES}/x.io")
+        return answer.status_code == 403
+
+    try:
+        wait_for("the policy in force", refused_to_metacontroller)
+        own = device_class(DEVICE_CLASS)
+        made = kube.request("POST", DEVICE_CLASSES, own, headers=metacontroller)
+        assert made.status_code == 201, made.text
+        other = kube.request("POST", DEVICE_CLASSES, device_class("x.io"))
+        assert other.status_code == 201, other.text  # an administrator, not Metacontroller
+        for name, expected in (("x.io", 403), (DEVICE_CLASS, 200)):
+            deleted = kube.request("DELETE", f"{DEVICE_CLASSES}/{name}", headers=metacontroller)
+            assert deleted.status_code == expected, (name, deleted.text)
+    finally:
+        for document in policy:
+            kube.request("DELETE", object_path(document))

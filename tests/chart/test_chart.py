@@ -267,6 +267,29 @@ def test_dra_classes_read_device_taint_rules_only_where_the_api_server_serves_th
         assert env_of(documents)["GPUCLASS_DRA_DEVICE_TAINT_RULES"] == expected, (sets, served)
 
 
+def test_a_device_class_policy_binds_metacontroller_only_where_dra_is_served() -> None:
+    """The policy that keeps Metacontroller to GPU classes' DeviceClasses (its refusals are
+    tested on the real API server) is rendered where DRA is served, for the ServiceAccount
+    named, and not at all when none is."""
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+
+    def policy(*sets: str) -> list[dict[str, Any]]:
+        return [d for d in render(*sets) if d["kind"] in kinds]
+
+    assert policy() == []
+    [made, binding] = policy("dra.api=true", "dra.metacontrollerServiceAccount=cozy-mc/mc")
+    [condition] = made["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        'request.userInfo.username == "system:serviceaccount:cozy-mc:mc"'
+    )
+    assert binding["spec"] == {
+        "policyName": made["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    assert policy("dra.api=true", "dra.metacontrollerServiceAccount=") == []
+    assert template("dra.api=true", "dra.metacontrollerServiceAccount=mc").returncode != 0
+
+
 def decorator(documents: list[dict[str, Any]], name: str) -> dict[str, Any]:
     [controller] = [
         d for d in by_kind(documents, "DecoratorController") if d["metadata"]["name"] == name
