@@ -213,7 +213,7 @@ refused: *the-chart-refuses-these-values-see-the-Fail-line-above
 {{- define "gpuclass-hooks.validate" -}}
 {{- /* `helm upgrade --reuse-values` from an earlier version of the chart renders with that
        version's values: what this one added is missing, and would render as empty. */}}
-{{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" "serve.admissionPort" "networkPolicy.admissionNamespaces" "classReaders" "admission.gpuInstanceTypes" "admission.platformValuesSecret" "maxApiReadBytes" }}
+{{- range $key := list "networkPolicy" "logLevel" "topologySpreadConstraints" "serve.admissionPort" "networkPolicy.admissionNamespaces" "classReaders" "admission.gpuInstanceTypes" "admission.platformValuesSecret" "maxApiReadBytes" "dra.api" "dra.deviceTaintRules" "dra.metacontrollerServiceAccount" }}
 {{- $parent := $.Values }}
 {{- $path := splitList "." $key }}
 {{- range $part := initial $path }}{{ $parent = index $parent $part | default dict }}{{ end }}

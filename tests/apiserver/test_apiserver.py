@@ -185,6 +185,9 @@ def test_helm_install_every_object_stored_as_written(
         "Secret",
         "Service",
         "ServiceAccount",
+        # this API server serves DRA: the policy on Metacontroller's DeviceClasses
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
     ]
     for document in installed:
