@@ -28,7 +28,7 @@ from operator import attrgetter
 
 from hooks.rules.invalid import InvalidObject
 from hooks.rules.quantity import QuantityError, parse_quantity
-from hooks.rules.scheduling import EXCLUDING_EFFECTS, TolerationLike, ineligibility, tolerates
+from hooks.rules.scheduling import TolerationLike, ineligibility, untolerated_taint
 from hooks.wire.dra import (
     Column,
     DeviceAttribute,
@@ -187,13 +187,6 @@ def taken_devices(claims: Iterable[ResourceClaim], driver: str) -> dict[str, set
     return taken
 
 
-def untolerated(taints: Iterable[Taint], tolerations: tuple[TolerationLike, ...]) -> bool:
-    return any(
-        taint.effect in EXCLUDING_EFFECTS and not any(tolerates(t, taint) for t in tolerations)
-        for taint in taints
-    )
-
-
 def driver_rules(
     rules: Iterable[DeviceTaintRule], driver: str
 ) -> list[tuple[DeviceTaintSelector, Taint]]:
@@ -338,7 +331,7 @@ def compute_dra_capacity(
         taints = device.taints
         if rules:
             taints = (*taints, *ruled_taints(rules, pool_of[position], device.name))
-        if taints and untolerated(taints, tolerations):
+        if taints and untolerated_taint(taints, tolerations) is not None:
             continue
         draws = drawn_of[position] if drawn_of else NO_DRAWS
         if not draws or fits(draws, pool_of[position], left):

@@ -36,11 +36,14 @@ def tolerates(toleration: TolerationLike, taint: Taint) -> bool:
     return False
 
 
-def untolerated_taint(node: Node, tolerations: Iterable[TolerationLike]) -> Taint | None:
-    """The first NoSchedule/NoExecute taint no toleration matches. PreferNoSchedule never counts:
-    the scheduler only prefers other nodes, it never refuses this one."""
+def untolerated_taint(
+    taints: Iterable[Taint], tolerations: Iterable[TolerationLike]
+) -> Taint | None:
+    """The first NoSchedule/NoExecute taint (a node's or a device's) no toleration matches.
+    PreferNoSchedule never counts: the scheduler only prefers other nodes, it never refuses this
+    one."""
     tolerations = tuple(tolerations)
-    for taint in node.spec.taints:
+    for taint in taints:
         if taint.effect in EXCLUDING_EFFECTS and not any(tolerates(t, taint) for t in tolerations):
             return taint
     return None
@@ -57,7 +60,7 @@ def ineligibility(node: Node, tolerations: Iterable[TolerationLike]) -> str | No
         return "not Ready"
     if node.spec.unschedulable:
         return "cordoned"
-    taint = untolerated_taint(node, tolerations)
+    taint = untolerated_taint(node.spec.taints, tolerations)
     if taint is not None:
         shown = f"{taint.key}={taint.value}" if taint.value else taint.key
         return f"taint {shown}:{taint.effect} not tolerated"
