@@ -70,7 +70,7 @@ def attribute_reader(names: tuple[str, ...]) -> Callable[[Sequence[Device]], Att
         try:
             # One value per device, one after another: a device without attributes sends none.
             every = each.decode_lines(b"\n".join(map(_ATTRIBUTES_OF, devices)))
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # as `decoded` catches: each on its own
             every = []
         if len(every) != len(devices) or None in every:
             # some device's attributes are absent, null or malformed: each on its own
